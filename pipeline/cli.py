@@ -1,0 +1,218 @@
+"""The ``sira`` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipeline import servers
+from pipeline.config import EngineKind, Settings
+from pipeline.engine import Engine, EngineUnavailable
+from pipeline.jobs import IndexSummary, index_corpus
+from pipeline.loaders import CorpusError, count_items, is_beir_folder, load_queries
+from pipeline.query import SearchResult, search
+
+app = typer.Typer(help="SIRA: LLM-enriched lexical retrieval for Elasticsearch and OpenSearch.",
+                  no_args_is_help=True, pretty_exceptions_show_locals=False)
+engine_app = typer.Typer(help="Local search engines for development and tests.",
+                         no_args_is_help=True)
+app.add_typer(engine_app, name="engine")
+
+out = Console()
+err = Console(stderr=True)
+SAMPLE = Path(__file__).parent / "sample"
+LOCAL = "local"
+
+
+def _settings(ctx: typer.Context) -> Settings:
+    return ctx.obj
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    engine_url: Annotated[str | None, typer.Option(help="Engine URL (else SIRA_ENGINE__URL, "
+                                                   "else the local engine).")] = None,
+    engine_kind: Annotated[EngineKind | None, typer.Option(help="opensearch or elasticsearch")]
+    = None,
+    index: Annotated[str | None, typer.Option(help="Index name (SIRA_INDEX__NAME).")] = None,
+    state_dir: Annotated[Path | None, typer.Option(help="Where local engines are recorded.")]
+    = None,
+) -> None:
+    settings = Settings()
+    engine_update = {k: v for k, v in {"url": engine_url, "kind": engine_kind}.items() if v}
+    if engine_update:
+        settings.engine = settings.engine.model_copy(update=engine_update)
+    if index:
+        settings.index = settings.index.model_copy(update={"name": index})
+    if state_dir:
+        settings.state_dir = state_dir
+    ctx.obj = settings
+
+
+def _connect(settings: Settings) -> Engine:
+    try:
+        return Engine.from_settings(settings, local_name=LOCAL)
+    except EngineUnavailable as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code)
+
+
+# -- sira engine ---------------------------------------------------------------------------
+
+
+@engine_app.command("fetch")
+def engine_fetch(
+    ctx: typer.Context,
+    kind: Annotated[EngineKind, typer.Option(help="opensearch or elasticsearch")] = "opensearch",
+    version: Annotated[str | None, typer.Option(help="Artifact version.")] = None,
+) -> None:
+    """Download an engine from Maven Central into the Maven repository (no start)."""
+    try:
+        servers.fetch(kind, version, _settings(ctx).state_dir)
+    except servers.EngineError as exc:
+        raise _fail(str(exc)) from exc
+    out.print(f"{kind} {version or servers.DEFAULT_VERSIONS[kind]} is fetched")
+
+
+@engine_app.command("start")
+def engine_start(
+    ctx: typer.Context,
+    kind: Annotated[EngineKind, typer.Option(help="opensearch or elasticsearch")] = "opensearch",
+    name: Annotated[str, typer.Option(help="Name to record it under.")] = LOCAL,
+    port: Annotated[int | None, typer.Option(help="HTTP port (default: a free one).")] = None,
+    nodes: Annotated[int, typer.Option(help="Number of nodes (OpenSearch).")] = 1,
+    heap_mb: Annotated[int | None, typer.Option(help="JVM heap in MiB.")] = None,
+    version: Annotated[str | None, typer.Option(help="Artifact version.")] = None,
+    security: Annotated[bool, typer.Option(help="Elasticsearch: basic auth on.")] = False,
+) -> None:
+    """Start a local engine on 127.0.0.1 (or find it running) and wait until it is healthy."""
+    try:
+        record = servers.start(kind, name, _settings(ctx).state_dir, port=port, nodes=nodes,
+                               heap_mb=heap_mb, version=version, security=security)
+    except servers.EngineError as exc:
+        raise _fail(str(exc)) from exc
+    out.print(f"{record.kind} {record.version} '{record.name}' is up at {record.url} "
+              f"({record.nodes} node(s)); log: {record.log_file}")
+
+
+@engine_app.command("stop")
+def engine_stop(ctx: typer.Context, name: Annotated[str, typer.Option()] = LOCAL) -> None:
+    """Stop a local engine."""
+    stopped = servers.stop(_settings(ctx).state_dir, name)
+    out.print(f"'{name}' stopped" if stopped else f"'{name}' was not running")
+
+
+@engine_app.command("status")
+def engine_status(ctx: typer.Context, name: Annotated[str, typer.Option()] = LOCAL) -> None:
+    """Show how to reach a local engine (never its password)."""
+    info = servers.status(_settings(ctx).state_dir, name)
+    out.print_json(json.dumps(info))
+    if not info["running"]:
+        raise typer.Exit(1)
+
+
+# -- sira index / search -------------------------------------------------------------------
+
+
+def _print_problems(summary: IndexSummary, limit: int = 20) -> None:
+    problems = [str(p) for p in summary.load.problems]
+    problems += [f"document {f.id}: rejected by the engine ({f.status}): {f.reason}"
+                 for f in summary.bulk.failures]
+    for line in problems[:limit]:
+        err.print(f"[yellow]skipped[/yellow] {line}", highlight=False)
+    if len(problems) > limit:
+        err.print(f"... and {len(problems) - limit} more")
+
+
+def _index(settings: Settings, engine: Engine, path: Path, recreate: bool) -> IndexSummary:
+    total = count_items(path)
+    with Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True) as progress:
+        task = progress.add_task("index", total=total)
+        summary = index_corpus(engine, settings, path, recreate=recreate,
+                               on_doc=lambda: progress.advance(task))
+    _print_problems(summary)
+    out.print(f"{settings.index.name}: {summary.line()}")
+    return summary
+
+
+@app.command("index")
+def index_cmd(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Argument(help="JSONL file, BEIR folder or Markdown folder.")],
+    recreate: Annotated[bool, typer.Option(help="Drop the index first.")] = False,
+    shards: Annotated[int | None, typer.Option(help="Primary shards of a new index.")] = None,
+    strict: Annotated[bool, typer.Option(help="Exit 1 if any input was skipped.")] = False,
+) -> None:
+    """Load a corpus into the index (created from mappings/ if missing)."""
+    settings = _settings(ctx)
+    if shards:
+        settings.index = settings.index.model_copy(update={"shards": shards})
+    engine = _connect(settings)
+    try:
+        summary = _index(settings, engine, path, recreate)
+    except CorpusError as exc:
+        raise _fail(str(exc)) from exc
+    if summary.bulk.failed or (strict and summary.load.skipped):
+        raise typer.Exit(1)
+
+
+def _print_hits(result: SearchResult) -> None:
+    table = Table(title=f"{result.query!r}: {result.total} hits, {result.took_ms} ms",
+                  title_justify="left")
+    for column in ("rank", "id", "score", "title"):
+        table.add_column(column, overflow="fold")
+    for rank, hit in enumerate(result.hits, start=1):
+        table.add_row(str(rank), hit.id, f"{hit.score:.3f}", (hit.title or hit.text)[:80])
+    out.print(table)
+
+
+@app.command("search")
+def search_cmd(
+    ctx: typer.Context,
+    text: Annotated[str, typer.Argument(help="Query text.")],
+    size: Annotated[int, typer.Option(help="Number of hits.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print hits as JSON.")] = False,
+) -> None:
+    """Search the index (plain BM25 over title + text)."""
+    settings = _settings(ctx)
+    result = search(_connect(settings), settings.index.name, text, size=size)
+    if as_json:
+        sys.stdout.write(json.dumps([h.__dict__ for h in result.hits]) + "\n")
+    else:
+        _print_hits(result)
+
+
+@app.command("demo")
+def demo(
+    ctx: typer.Context,
+    queries: Annotated[int, typer.Option(help="How many sample queries to run.")] = 3,
+) -> None:
+    """Start a local OpenSearch, index the sample collection, search it."""
+    settings = _settings(ctx)
+    if not settings.engine.url:
+        try:
+            record = servers.start("opensearch", LOCAL, settings.state_dir)
+        except servers.EngineError as exc:
+            raise _fail(str(exc)) from exc
+        out.print(f"local OpenSearch {record.version} at {record.url}")
+    if settings.index.name == "sira":
+        settings.index = settings.index.model_copy(update={"name": "sira-sample"})
+    engine = _connect(settings)
+    assert is_beir_folder(SAMPLE), f"the sample collection is missing from {SAMPLE}"
+    _index(settings, engine, SAMPLE, recreate=True)
+    for text in list(load_queries(SAMPLE / "queries.jsonl").values())[:queries]:
+        _print_hits(search(engine, settings.index.name, text, size=5))

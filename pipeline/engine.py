@@ -1,0 +1,370 @@
+"""One adapter over the official ``elasticsearch`` and ``opensearch-py`` clients.
+
+Everything the pipeline asks of a search engine goes through ``Engine``: index creation from
+``mappings/``, bulk writes with per-item error accounting, partial updates, search,
+aggregations, ``_analyze`` and stored search templates. The two clients share call shapes
+(``body=``), so the adapter differs between engines only where the servers do.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from functools import cached_property
+from importlib import resources
+from importlib.abc import Traversable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import SecretStr
+
+from pipeline.config import EngineKind, EngineSettings, IndexSettings, Settings
+
+RETRY_ON_STATUS = (429, 502, 503, 504)
+
+
+class EngineUnavailable(RuntimeError):
+    """No engine is configured, or the configured one cannot be reached."""
+
+
+def mappings_dir() -> Traversable:
+    """``mappings/`` beside the package in a checkout; inside it (``pipeline/mappings``) once
+    installed from a wheel."""
+    checkout = Path(__file__).resolve().parent.parent / "mappings"
+    if checkout.is_dir():
+        return checkout
+    return resources.files("pipeline") / "mappings"
+
+
+def load_mapping_file(name: str) -> dict:
+    return json.loads(mappings_dir().joinpath(name).read_text("utf-8"))
+
+
+def redact_url(url: str) -> str:
+    """The URL without any user:password part, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+@dataclass
+class ItemFailure:
+    id: str
+    status: int
+    reason: str
+
+
+@dataclass
+class BulkResult:
+    ok: int = 0
+    failures: list[ItemFailure] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return len(self.failures)
+
+    def merge(self, other: BulkResult) -> None:
+        self.ok += other.ok
+        self.failures.extend(other.failures)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the connected server can do; the minimal Elasticsearch distribution lacks the
+    analysis-common and lang-mustache modules."""
+
+    stemming: bool
+    search_templates: bool
+
+
+def _failure_reason(error: Any) -> str:
+    if isinstance(error, dict):
+        reason = f"{error.get('type', 'error')}: {error.get('reason', '')}".strip()
+        caused = error.get("caused_by")
+        if isinstance(caused, dict):
+            reason += f" (caused by {caused.get('type')}: {caused.get('reason')})"
+        return reason
+    return str(error)
+
+
+class Engine:
+    def __init__(self, client: Any, kind: EngineKind, url: str):
+        self.client = client
+        self.kind = kind
+        self.url = redact_url(url)
+
+    # -- connecting ----------------------------------------------------------------------
+
+    @classmethod
+    def connect(cls, engine: EngineSettings, url: str | None = None) -> Engine:
+        url = url or engine.url
+        if not url:
+            raise EngineUnavailable("no engine URL given")
+        auth: dict[str, Any] = {}
+        headers: dict[str, str] = {}
+        password = engine.password.get_secret_value() if engine.password else None
+        api_key = engine.api_key.get_secret_value() if engine.api_key else None
+        tls: dict[str, Any] = {"verify_certs": engine.verify_certs}
+        if engine.ca_file:
+            tls["ca_certs"] = str(engine.ca_file)
+        common = {
+            "request_timeout": engine.request_timeout,
+            "retry_on_timeout": True,
+            "max_retries": 3,
+            "retry_on_status": RETRY_ON_STATUS,
+        }
+        if engine.kind == "elasticsearch":
+            from elasticsearch import Elasticsearch
+
+            if engine.username and password:
+                auth["basic_auth"] = (engine.username, password)
+            if api_key:
+                auth["api_key"] = api_key
+            if not url.startswith("https"):
+                tls = {}
+            client = Elasticsearch(url, **auth, **tls, **common)
+        else:
+            from opensearchpy import OpenSearch
+
+            if engine.username and password:
+                auth["http_auth"] = (engine.username, password)
+            if api_key:
+                headers["Authorization"] = f"ApiKey {api_key}"
+            if url.startswith("https"):
+                tls["use_ssl"] = True
+                tls["ssl_show_warn"] = engine.verify_certs
+            else:
+                tls = {}
+            client = OpenSearch([url], headers=headers or None, **auth, **tls, **common)
+        return cls(client, engine.kind, url)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, local_name: str = "local") -> Engine:
+        """The configured engine, or else the local one ``sira engine start`` recorded."""
+        if settings.engine.url:
+            return cls.connect(settings.engine)
+        from pipeline import servers
+
+        record = servers.load_record(settings.state_dir, local_name)
+        if record is None:
+            raise EngineUnavailable(
+                "no engine configured: set SIRA_ENGINE__URL (and SIRA_ENGINE__KIND), "
+                f"or start a local one with `sira engine start --name {local_name}`"
+            )
+        local = settings.engine.model_copy(
+            update={"kind": record.kind, "url": record.url, "username": record.username,
+                    "password": SecretStr(record.password) if record.password else None}
+        )
+        return cls.connect(local)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def health(self) -> dict:
+        return dict(self.client.cluster.health())
+
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        if self.kind == "elasticsearch":
+            headers = {"accept": "application/json"}
+            if body is not None:
+                headers["content-type"] = "application/json"
+            return self.client.perform_request(method, path, headers=headers, body=body).body
+        return self.client.transport.perform_request(method, path, body=body)
+
+    @cached_property
+    def capabilities(self) -> Capabilities:
+        probe = {"tokenizer": "standard", "text": "running",
+                 "filter": [{"type": "stemmer", "language": "english"}]}
+        try:
+            self.client.indices.analyze(body=probe)
+            stemming = True
+        except Exception as exc:  # the engine answers 400 when the filter type is unknown
+            if _status(exc) != 400:
+                raise
+            stemming = False
+        languages = self._request("GET", "/_script_language")
+        names = {entry.get("language") for entry in languages.get("language_contexts", [])}
+        return Capabilities(stemming=stemming, search_templates="mustache" in names)
+
+    # -- indices -------------------------------------------------------------------------
+
+    def index_body(self, index: IndexSettings) -> dict:
+        """The create-index body: mappings/index.json with the analysis this engine supports
+        and the BM25 and shard settings of ``index``."""
+        body = copy.deepcopy(load_mapping_file("index.json"))
+        analysis_file = (
+            "analysis-english.json" if self.capabilities.stemming
+            else "analysis-english-nostem.json"
+        )
+        analysis = load_mapping_file(analysis_file)
+        analysis["filter"]["sira_shingle"]["max_shingle_size"] = max(2, index.max_ngram)
+        settings = body["settings"]
+        settings["analysis"] = analysis
+        settings["index"]["number_of_shards"] = index.shards
+        settings["index"]["number_of_replicas"] = index.replicas
+        settings["index"]["similarity"]["sira_bm25"].update(k1=index.bm25_k1, b=index.bm25_b)
+        return body
+
+    def create_index(self, index: IndexSettings, *, recreate: bool = False) -> bool:
+        """Create ``index.name``; False if it already existed (and ``recreate`` is off)."""
+        if self.index_exists(index.name):
+            if not recreate:
+                return False
+            self.delete_index(index.name)
+        self.client.indices.create(index=index.name, body=self.index_body(index))
+        self.client.cluster.health(index=index.name, wait_for_status="yellow")
+        return True
+
+    def index_exists(self, name: str) -> bool:
+        return bool(self.client.indices.exists(index=name))
+
+    def delete_index(self, name: str) -> None:
+        if self.index_exists(name):
+            self.client.indices.delete(index=name)
+
+    def refresh(self, name: str) -> None:
+        self.client.indices.refresh(index=name)
+
+    def get_mapping(self, name: str) -> dict:
+        return dict(self.client.indices.get_mapping(index=name))[name]["mappings"]
+
+    # -- writes --------------------------------------------------------------------------
+
+    def _helpers(self) -> Any:
+        if self.kind == "elasticsearch":
+            from elasticsearch import helpers
+        else:
+            from opensearchpy import helpers
+        return helpers
+
+    def _bulk(self, actions: Iterable[dict], chunk_size: int) -> BulkResult:
+        result = BulkResult()
+        for ok, item in self._helpers().streaming_bulk(
+            self.client, actions, chunk_size=chunk_size, max_retries=3,
+            initial_backoff=1, raise_on_error=False, raise_on_exception=False,
+        ):
+            if ok:
+                result.ok += 1
+                continue
+            _op, detail = next(iter(item.items()))
+            result.failures.append(
+                ItemFailure(
+                    id=str(detail.get("_id")), status=int(detail.get("status", 0) or 0),
+                    reason=_failure_reason(detail.get("error", detail.get("exception"))),
+                )
+            )
+        return result
+
+    def bulk_index(
+        self, index: str, docs: Iterable[dict], *, chunk_size: int = 500
+    ) -> BulkResult:
+        """Index (create or replace) documents; each needs an ``_id``. Rejected items are
+        returned with id and reason, never dropped."""
+
+        def actions() -> Iterator[dict]:
+            for doc in docs:
+                source = {k: v for k, v in doc.items() if k != "_id"}
+                yield {"_op_type": "index", "_index": index, "_id": doc["_id"],
+                       "_source": source}
+
+        return self._bulk(actions(), chunk_size)
+
+    def bulk_update(
+        self, index: str, updates: Iterable[tuple[str, dict]], *, chunk_size: int = 500
+    ) -> BulkResult:
+        """Partial updates ``(id, fields)``: the fields are merged into the stored document."""
+        actions = (
+            {"_op_type": "update", "_index": index, "_id": doc_id, "doc": fields}
+            for doc_id, fields in updates
+        )
+        return self._bulk(actions, chunk_size)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def search(self, index: str, body: dict, **params: Any) -> dict:
+        return dict(self.client.search(index=index, body=body, **params))
+
+    def msearch(self, index: str, bodies: list[dict]) -> list[dict]:
+        lines: list[dict] = []
+        for body in bodies:
+            lines.extend([{"index": index}, body])
+        return list(dict(self.client.msearch(body=lines))["responses"])
+
+    def count(self, index: str, query: dict | None = None) -> int:
+        body = {"query": query} if query else None
+        return int(self.client.count(index=index, body=body)["count"])
+
+    def aggregate(self, index: str, aggs: dict, query: dict | None = None) -> dict:
+        body: dict[str, Any] = {"size": 0, "aggs": aggs, "track_total_hits": True}
+        if query:
+            body["query"] = query
+        return dict(self.search(index, body)["aggregations"])
+
+    def get(self, index: str, doc_id: str) -> dict | None:
+        """The stored source of one document, or None."""
+        if self.kind == "elasticsearch":
+            found = self.client.options(ignore_status=404).get(index=index, id=doc_id)
+        else:
+            found = self.client.get(index=index, id=doc_id, ignore=404)
+        found = dict(found)
+        return found.get("_source") if found.get("found") else None
+
+    def analyze(self, index: str, texts: list[str], *, analyzer: str | None = None,
+                field: str | None = None) -> list[list[str]]:
+        """Tokens of each text, as the index's analyzer (or a field's) produces them, in one
+        request. The engine concatenates an array with an offset gap of 1, so the tokens
+        are split back per text by their start offsets."""
+        if not texts:
+            return []
+        body: dict[str, Any] = {"text": texts}
+        if analyzer:
+            body["analyzer"] = analyzer
+        if field:
+            body["field"] = field
+        tokens = self.client.indices.analyze(index=index, body=body)["tokens"]
+        bounds, start = [], 0
+        for text in texts:
+            bounds.append(start + len(text))
+            start += len(text) + 1
+        out: list[list[str]] = [[] for _ in texts]
+        which = 0
+        for token in tokens:
+            while which < len(bounds) - 1 and token["start_offset"] > bounds[which]:
+                which += 1
+            out[which].append(token["token"])
+        return out
+
+    # -- search templates ----------------------------------------------------------------
+
+    def put_search_template(self, template_id: str, source: str | dict) -> None:
+        if not isinstance(source, str):
+            source = json.dumps(source)
+        self.client.put_script(
+            id=template_id, body={"script": {"lang": "mustache", "source": source}}
+        )
+
+    def render_search_template(self, template_id: str, params: dict) -> dict:
+        rendered = self.client.render_search_template(body={"id": template_id, "params": params})
+        return dict(rendered)["template_output"]
+
+    def search_template(self, index: str, template_id: str, params: dict) -> dict:
+        return dict(
+            self.client.search_template(index=index, body={"id": template_id, "params": params})
+        )
+
+
+def _status(exc: Exception) -> int | None:
+    for attr in ("status_code", "status", "meta"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int):
+            return value
+        if attr == "meta" and value is not None and isinstance(getattr(value, "status", None), int):
+            return value.status
+    return None
