@@ -160,7 +160,8 @@ class Engine:
             )
         local = settings.engine.model_copy(
             update={"kind": record.kind, "url": record.url, "username": record.username,
-                    "password": SecretStr(record.password) if record.password else None}
+                    "password": SecretStr(record.password) if record.password else None,
+                    "ca_file": record.ca_file}
         )
         return cls.connect(local)
 

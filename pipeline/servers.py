@@ -19,6 +19,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import zipfile
@@ -67,6 +68,7 @@ class ServerRecord:
     started_at: float = field(default_factory=time.time)
     username: str | None = None
     password: str | None = None  # only in the record file (mode 600), never printed
+    ca_file: str | None = None
 
     def public(self) -> dict:
         shown = asdict(self)
@@ -199,6 +201,7 @@ def _allow_es_user(path: Path) -> None:
         return
     nobody = pwd.getpwnam("nobody")
     path.chmod(0o755)
+    os.chown(path, nobody.pw_uid, nobody.pw_gid)
     for root, dirs, files in os.walk(path):
         for name in [*dirs, *files]:
             os.chown(os.path.join(root, name), nobody.pw_uid, nobody.pw_gid, follow_symlinks=False)
@@ -238,6 +241,10 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def is_running(record: ServerRecord) -> bool:
+    return _alive(record.pid)
+
+
 def _port_free(port: int) -> bool:
     with socket.socket() as sock:
         try:
@@ -267,7 +274,8 @@ def free_port_range(count: int, low: int | None = None, high: int | None = None)
 def health(record: ServerRecord, timeout: float = 5.0) -> dict:
     auth = (record.username, record.password) if record.username and record.password else None
     response = httpx.get(
-        f"{record.url}/_cluster/health", auth=auth, timeout=timeout
+        f"{record.url}/_cluster/health", auth=auth, timeout=timeout,
+        verify=ssl.create_default_context(cafile=record.ca_file) if record.ca_file else True,
     )
     response.raise_for_status()
     return response.json()
@@ -322,6 +330,17 @@ def _start_opensearch(
 ) -> tuple[list[str], dict[str, str]]:
     classpath = fetch_opensearch(version, state_dir)
     java = find_java_home() / "bin" / "java"
+    # Without these the nodes look for each other on transport ports 9300-9305 only, where
+    # other local clusters may sit; the runner keeps what opensearch.yml sets here.
+    transport = free_port_range(nodes)
+    seeds = ", ".join(f'"127.0.0.1:{transport + i}"' for i in range(nodes))
+    for i in range(nodes):
+        conf = home / f"node_{i + 1}" / "config"
+        conf.mkdir(parents=True, exist_ok=True)
+        (conf / "opensearch.yml").write_text(
+            f"network.host: 127.0.0.1\ntransport.port: {transport + i}\n"
+            f"discovery.seed_hosts: [{seeds}]\n"
+        )
     command = [
         str(java), f"-Xms{heap_mb}m", f"-Xmx{heap_mb}m",
         "--add-modules", "jdk.incubator.vector",
@@ -344,6 +363,12 @@ def _start_elasticsearch(
         shutil.rmtree(conf)
     shutil.copytree(dist / "config", conf)
     security = password is not None
+    env = {
+        "ES_JAVA_HOME": str(find_java_home()),
+        "ES_PATH_CONF": str(conf),
+        "ES_JAVA_OPTS": f"-Xms{heap_mb}m -Xmx{heap_mb}m",
+    }
+    tls = _make_certificates(dist, conf / "certs", env) if security else []
     (conf / "elasticsearch.yml").write_text(
         "\n".join([
             f"cluster.name: {name}",
@@ -355,26 +380,43 @@ def _start_elasticsearch(
             f"path.data: {home / 'data'}",
             f"path.logs: {home / 'logs'}",
             f"xpack.security.enabled: {str(security).lower()}",
-            "xpack.security.http.ssl.enabled: false",
+            f"xpack.security.http.ssl.enabled: {str(security).lower()}",
+            *tls,
             "xpack.security.transport.ssl.enabled: false",
             "",
         ])
     )
-    env = {
-        "ES_JAVA_HOME": str(find_java_home()),
-        "ES_PATH_CONF": str(conf),
-        "ES_JAVA_OPTS": f"-Xms{heap_mb}m -Xmx{heap_mb}m",
-    }
     if security:
-        users = subprocess.run(
-            [str(dist / "bin" / "elasticsearch-users"), "useradd", ES_USER, "-p", password,
-             "-r", "superuser"],
-            env={**os.environ, **env}, capture_output=True, text=True,
-        )
-        if users.returncode != 0:
-            raise EngineError(f"elasticsearch-users failed: {users.stderr.strip()[-500:]}")
+        _es_tool(dist, env, "elasticsearch-users", "useradd", ES_USER, "-p", password,
+                 "-r", "superuser")
     _allow_es_user(home)
     return [*_es_run_as(), str(dist / "bin" / "elasticsearch")], env
+
+
+def _es_tool(dist: Path, env: dict[str, str], tool: str, *args: str) -> None:
+    proc = subprocess.run([str(dist / "bin" / tool), *args], env={**os.environ, **env},
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EngineError(f"{tool} failed: {(proc.stdout + proc.stderr).strip()[-500:]}")
+
+
+def _make_certificates(dist: Path, certs: Path, env: dict[str, str]) -> list[str]:
+    """A private CA and a certificate for 127.0.0.1/localhost, made with the distribution's
+    own certutil; returns the elasticsearch.yml lines that enable them on HTTP."""
+    certs.mkdir(parents=True, exist_ok=True)
+    _es_tool(dist, env, "elasticsearch-certutil", "ca", "--pem", "--silent",
+             "--out", str(certs / "ca.zip"))
+    zipfile.ZipFile(certs / "ca.zip").extractall(certs)
+    _es_tool(dist, env, "elasticsearch-certutil", "cert", "--pem", "--silent",
+             "--ca-cert", str(certs / "ca" / "ca.crt"), "--ca-key", str(certs / "ca" / "ca.key"),
+             "--ip", "127.0.0.1", "--dns", "localhost", "--name", "node",
+             "--out", str(certs / "node.zip"))
+    zipfile.ZipFile(certs / "node.zip").extractall(certs)
+    return [
+        f"xpack.security.http.ssl.key: {certs / 'node' / 'node.key'}",
+        f"xpack.security.http.ssl.certificate: {certs / 'node' / 'node.crt'}",
+        f"xpack.security.http.ssl.certificate_authorities: {certs / 'ca' / 'ca.crt'}",
+    ]
 
 
 def start(
@@ -389,13 +431,17 @@ def start(
     security: bool = False,
     timeout: float = 180.0,
 ) -> ServerRecord:
-    """Start (or find running) the local engine called ``name``; wait until it is healthy."""
+    """Start (or find running) the local engine called ``name``; wait until it is healthy.
+    ``security`` (Elasticsearch): TLS on HTTP with a private CA, and a superuser whose
+    password is kept only in the record file."""
     existing = load_record(state_dir, name)
     if existing and _alive(existing.pid):
         _wait_healthy(existing, timeout)
         return existing
     if kind == "elasticsearch" and nodes != 1:
         raise EngineError("the local Elasticsearch runs a single node")
+    if kind == "opensearch" and security:
+        raise EngineError("the OpenSearch runner has no security plugin: start it without")
     version = version or DEFAULT_VERSIONS[kind]
     heap_mb = heap_mb or (512 if nodes == 1 else 384 * nodes)
     if kind == "opensearch":
@@ -421,9 +467,11 @@ def start(
             stdin=stdin, env={**os.environ, **env}, start_new_session=True,
         )
     record = ServerRecord(
-        name=name, kind=kind, version=version, url=f"http://127.0.0.1:{port}", pid=proc.pid,
+        name=name, kind=kind, version=version,
+        url=f"{'https' if security else 'http'}://127.0.0.1:{port}", pid=proc.pid,
         nodes=nodes, home=str(home), log_file=str(log_file),
         username=ES_USER if security else None, password=password,
+        ca_file=str(home / "config" / "certs" / "ca" / "ca.crt") if security else None,
     )
     _save_record(state_dir, record)
     try:

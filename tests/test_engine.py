@@ -1,0 +1,128 @@
+"""The engine adapter and the mappings against real OpenSearch and Elasticsearch servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.config import IndexSettings
+from pipeline.engine import Engine
+
+DOCS = [
+    {"_id": "d1", "title": "Running dogs", "text": "The dog's owners were running in the park."},
+    {"_id": "d2", "title": "Cats", "text": "Cats sleep most of the day."},
+    {"_id": "d3", "title": "Lung cancer", "text": "Screening for lung cancer in smokers."},
+]
+
+
+def test_index_created_from_mappings(engine: Engine, fresh_index: IndexSettings) -> None:
+    mapping = engine.get_mapping(fresh_index.name)
+    props = mapping["properties"]
+    assert mapping["dynamic"] == "strict"
+    for name in ("title", "text", "contents", "enrich_echo", "enrich_bridge"):
+        assert props[name]["type"] == "text"
+        assert props[name]["similarity"] == "sira_bm25"
+    assert props["proposed_terms"]["type"] == "keyword"
+    assert props["sira_proposals"]["enabled"] is False
+    assert props["sira"]["properties"]["content_hash"]["type"] == "keyword"
+    assert props["sira"]["properties"]["enriched_at"]["type"] == "date"
+
+
+def test_bm25_parameters_come_from_settings(engine: Engine, index_settings: IndexSettings
+                                            ) -> None:
+    settings = index_settings.model_copy(update={"bm25_k1": 0.9, "bm25_b": 0.4})
+    engine.create_index(settings)
+    try:
+        got = engine.client.indices.get_settings(index=settings.name)[settings.name]
+        similarity = got["settings"]["index"]["similarity"]["sira_bm25"]
+        assert (float(similarity["k1"]), float(similarity["b"])) == (0.9, 0.4)
+    finally:
+        engine.delete_index(settings.name)
+
+
+def test_analysis_follows_engine_capabilities(engine: Engine, fresh_index: IndexSettings
+                                              ) -> None:
+    tokens = engine.analyze(fresh_index.name, ["The dogs were running"], analyzer="sira_english")
+    if engine.capabilities.stemming:
+        assert tokens == [["dog", "were", "run"]]
+    else:  # the minimal Elasticsearch distribution: lowercase + english stopwords only
+        assert tokens == [["dogs", "were", "running"]]
+
+
+def test_analyze_batches_texts_and_splits_them_back(engine: Engine, fresh_index: IndexSettings
+                                                    ) -> None:
+    texts = ["Lung Cancer", "", "the of", "screening programme", "x"]
+    batched = engine.analyze(fresh_index.name, texts, analyzer="sira_english")
+    one_by_one = [engine.analyze(fresh_index.name, [t], analyzer="sira_english")[0]
+                  for t in texts]
+    assert batched == one_by_one
+    assert batched[1] == [] and batched[2] == []
+    shingles = engine.analyze(fresh_index.name, ["lung cancer in smokers"],
+                              field="contents.shingles")[0]
+    assert "lung cancer" in shingles and "lung cancer in" in shingles
+    assert "lung" not in shingles  # phrases only: unigrams live in the main field
+
+
+def test_bulk_counts_and_reports_rejected_items(engine: Engine, fresh_index: IndexSettings
+                                                ) -> None:
+    docs = [*DOCS, {"_id": "bad", "title": "x", "not_in_mapping": 1},
+            {"_id": "bad-date", "title": "y", "sira": {"indexed_at": "not a date"}}]
+    result = engine.bulk_index(fresh_index.name, docs, chunk_size=2)
+    assert result.ok == 3
+    assert sorted(f.id for f in result.failures) == ["bad", "bad-date"]
+    by_id = {f.id: f for f in result.failures}
+    assert by_id["bad"].status == 400 and "not_in_mapping" in by_id["bad"].reason
+    assert "indexed_at" in by_id["bad-date"].reason
+    engine.refresh(fresh_index.name)
+    assert engine.count(fresh_index.name) == 3
+
+
+def test_partial_update_merges_and_reports_missing(engine: Engine, fresh_index: IndexSettings
+                                                   ) -> None:
+    engine.bulk_index(fresh_index.name, DOCS)
+    result = engine.bulk_update(fresh_index.name, [
+        ("d1", {"proposed_terms": ["canine exercise"], "sira": {"status": "proposed"}}),
+        ("missing", {"proposed_terms": ["x"]}),
+    ])
+    assert result.ok == 1
+    assert [(f.id, f.status) for f in result.failures] == [("missing", 404)]
+    stored = engine.get(fresh_index.name, "d1")
+    assert stored["title"] == "Running dogs"  # untouched fields stay
+    assert stored["proposed_terms"] == ["canine exercise"]
+    assert stored["sira"]["status"] == "proposed"
+    assert engine.get(fresh_index.name, "missing") is None
+
+
+def test_search_and_aggregations(engine: Engine, fresh_index: IndexSettings) -> None:
+    docs = [dict(d, proposed_terms=terms) for d, terms in
+            zip(DOCS, [["pets", "exercise"], ["pets"], ["oncology"]], strict=True)]
+    engine.bulk_index(fresh_index.name, docs)
+    engine.refresh(fresh_index.name)
+    hits = engine.search(fresh_index.name, {"query": {"match": {"contents": "lung screening"}}})
+    assert [h["_id"] for h in hits["hits"]["hits"]] == ["d3"]
+    aggs = engine.aggregate(fresh_index.name, {"tags": {"terms": {"field": "proposed_terms"}}})
+    counts = {b["key"]: b["doc_count"] for b in aggs["tags"]["buckets"]}
+    assert counts == {"pets": 2, "exercise": 1, "oncology": 1}
+    responses = engine.msearch(fresh_index.name, [
+        {"size": 0, "track_total_hits": True, "query": {"term": {"contents": term}}}
+        for term in ("cat", "cats", "lung")
+    ])
+    totals = [r["hits"]["total"]["value"] for r in responses]
+    stem = engine.capabilities.stemming
+    assert totals == ([1, 0, 1] if stem else [0, 1, 1])
+
+
+def test_search_templates_where_supported(engine: Engine, fresh_index: IndexSettings) -> None:
+    engine.bulk_index(fresh_index.name, DOCS)
+    engine.refresh(fresh_index.name)
+    # strings: "{{q}}" (mustache here escapes for JSON); toJson is for lists and objects
+    source = '{"query": {"match": {"contents": "{{q}}"}}, "size": {{#toJson}}size{{/toJson}}}'
+    if not engine.capabilities.search_templates:
+        # the minimal Elasticsearch distribution has no lang-mustache module
+        with pytest.raises(Exception, match="mustache|script_lang|lang"):
+            engine.put_search_template("test-template", source)
+        return
+    engine.put_search_template("test-template", source)
+    rendered = engine.render_search_template("test-template", {"q": 'lung "cancer"', "size": 3})
+    assert rendered == {"query": {"match": {"contents": 'lung "cancer"'}}, "size": 3}
+    found = engine.search_template(fresh_index.name, "test-template", {"q": "cats", "size": 5})
+    assert [h["_id"] for h in found["hits"]["hits"]] == ["d2"]
