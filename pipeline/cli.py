@@ -25,8 +25,8 @@ engine_app = typer.Typer(help="Local search engines for development and tests.",
                          no_args_is_help=True)
 app.add_typer(engine_app, name="engine")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 SAMPLE = Path(__file__).parent / "sample"
 LOCAL = "local"
 

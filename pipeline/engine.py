@@ -109,8 +109,7 @@ class Engine:
             raise EngineUnavailable("no engine URL given")
         auth: dict[str, Any] = {}
         headers: dict[str, str] = {}
-        password = engine.password.get_secret_value() if engine.password else None
-        api_key = engine.api_key.get_secret_value() if engine.api_key else None
+        password, api_key = _secret(engine.password), _secret(engine.api_key)
         tls: dict[str, Any] = {"verify_certs": engine.verify_certs}
         if engine.ca_file:
             tls["ca_certs"] = str(engine.ca_file)
@@ -359,6 +358,10 @@ class Engine:
         return dict(
             self.client.search_template(index=index, body={"id": template_id, "params": params})
         )
+
+
+def _secret(value: SecretStr | str | None) -> str | None:
+    return value.get_secret_value() if isinstance(value, SecretStr) else value
 
 
 def _status(exc: Exception) -> int | None:

@@ -231,6 +231,9 @@ def iter_markdown(folder: Path, report: LoadReport, max_doc_bytes: int) -> Itera
         meta = _jsonable(dict(post.metadata))
         title = str(meta.pop("title", "") or "")
         body = post.content
+        if not body.strip() and not title:
+            report.skip(path, None, doc_id, "empty document (no title and no text)")
+            continue
         if not title:
             heading = re.search(r"^#\s+(.+)$", body, flags=re.MULTILINE)
             title = heading.group(1).strip() if heading else path.stem

@@ -1,0 +1,160 @@
+"""The `sira` commands as a user runs them, against the real engines."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import STATE_DIR
+from pydantic import SecretStr
+from typer.testing import CliRunner
+
+from pipeline import servers
+from pipeline.cli import app
+from pipeline.config import Settings
+from pipeline.engine import Engine
+
+runner = CliRunner()
+
+
+def engine_env(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Point the CLI at ``engine`` through SIRA_* variables, as a user would."""
+    name = "test-opensearch" if engine.kind == "opensearch" else "test-elasticsearch"
+    record = servers.load_record(STATE_DIR, name)
+    env = {"SIRA_ENGINE__URL": record.url, "SIRA_ENGINE__KIND": record.kind}
+    if record.password:
+        env |= {"SIRA_ENGINE__USERNAME": record.username,
+                "SIRA_ENGINE__PASSWORD": record.password,
+                "SIRA_ENGINE__CA_FILE": record.ca_file}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "notes.jsonl"
+    lines = [
+        json.dumps({"_id": "n1", "title": "Heap sizing", "text": "Give the JVM half the RAM."}),
+        '{"_id": "n2", "title": "broken',
+        json.dumps({"_id": "n3", "title": "Snapshots", "text": "Back up indices to S3."}),
+    ]
+    path.write_bytes("\n".join(lines).encode() + b"\n" + b'{"_id": "n4", "text": "\xff"}\n')
+    return path
+
+
+def test_index_then_search(engine: Engine, corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = engine_env(engine, monkeypatch)
+    index = f"test-cli-{uuid.uuid4().hex[:8]}"
+    try:
+        result = runner.invoke(app, ["--index", index, "index", str(corpus)])
+        assert result.exit_code == 0, result.output
+        assert "loaded 2, indexed 2, skipped 2 bad input(s), rejected 0 by engine" in result.output
+        assert f"{corpus}:2: broken JSON" in result.output
+        assert f"{corpus}:4: invalid UTF-8" in result.output
+
+        strict = runner.invoke(app, ["--index", index, "index", str(corpus), "--strict"])
+        assert strict.exit_code == 1
+
+        found = runner.invoke(app, ["--index", index, "search", "backup snapshots", "--json"])
+        assert found.exit_code == 0, found.output
+        hits = json.loads(found.stdout.strip().splitlines()[-1])
+        assert [h["id"] for h in hits] == ["n3"]
+        if "SIRA_ENGINE__PASSWORD" in env:
+            assert env["SIRA_ENGINE__PASSWORD"] not in result.output + found.output
+    finally:
+        engine.delete_index(index)
+
+
+def test_no_engine_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SIRA_ENGINE__URL", raising=False)
+    result = runner.invoke(app, ["--state-dir", str(tmp_path), "search", "x"])
+    assert result.exit_code == 2
+    assert "no engine configured" in result.output
+
+
+def test_status_and_settings_never_show_the_password(elasticsearch: Engine,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    record = servers.load_record(STATE_DIR, "test-elasticsearch")
+    assert record.password
+    status = runner.invoke(app, ["--state-dir", str(STATE_DIR), "engine", "status",
+                                 "--name", "test-elasticsearch"])
+    assert status.exit_code == 0, status.output
+    shown = json.loads(status.stdout)
+    assert shown["health"] in ("green", "yellow") and shown["username"] == "sira"
+    assert record.password not in status.output
+
+    monkeypatch.setenv("SIRA_ENGINE__PASSWORD", record.password)
+    monkeypatch.setenv("SIRA_ENGINE__API_KEY", "key-that-must-not-leak")
+    settings = Settings()
+    assert record.password not in repr(settings) + str(settings.model_dump())
+    assert "key-that-must-not-leak" not in repr(settings)
+
+
+def test_wrong_password_and_unverified_tls_are_refused(elasticsearch: Engine) -> None:
+    record = servers.load_record(STATE_DIR, "test-elasticsearch")
+    base = Settings().engine.model_copy(update={
+        "kind": "elasticsearch", "url": record.url, "username": record.username,
+        "ca_file": record.ca_file})
+    wrong = Engine.connect(base.model_copy(update={"password": "not-the-password"}))
+    with pytest.raises(Exception) as refused:
+        wrong.health()
+    assert "401" in str(refused.value) or "security_exception" in str(refused.value)
+    # verification is on by default: without the private CA the certificate is refused
+    no_ca = Engine.connect(base.model_copy(update={"ca_file": None,
+                                                   "password": record.password}))
+    with pytest.raises(Exception, match="(?i)certificate|ssl|tls"):
+        no_ca.health()
+
+
+class _HeaderRecorder(BaseHTTPRequestHandler):
+    seen: list[str | None] = []
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        _HeaderRecorder.seen.append(self.headers.get("Authorization"))
+        body = json.dumps({"status": "green", "number_of_nodes": 1}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Elastic-Product", "Elasticsearch")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["opensearch", "elasticsearch"])
+def test_api_key_is_sent_as_apikey_header(kind: str) -> None:
+    """The minimal Elasticsearch cannot create API keys (its security index needs the
+    analysis-common module), so the header itself is checked on a loopback HTTP server."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _HeaderRecorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        _HeaderRecorder.seen.clear()
+        settings = Settings().engine.model_copy(update={
+            "kind": kind, "url": f"http://127.0.0.1:{server.server_port}",
+            "api_key": SecretStr("c2VjcmV0LWtleQ==")})
+        assert Engine.connect(settings).health()["status"] == "green"
+        assert _HeaderRecorder.seen == ["ApiKey c2VjcmV0LWtleQ=="]
+    finally:
+        server.shutdown()
+
+
+def test_demo_indexes_and_searches_the_sample(opensearch: Engine,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    engine_env(opensearch, monkeypatch)
+    index = f"test-demo-{uuid.uuid4().hex[:8]}"
+    try:
+        result = runner.invoke(app, ["--index", index, "demo", "--queries", "2"])
+        assert result.exit_code == 0, result.output
+        assert f"{index}: loaded 30, indexed 30, skipped 0" in result.output
+        assert "why is my cluster yellow" in result.output
+        assert "ops-001" in result.output  # the judged answer to the first sample query
+    finally:
+        opensearch.delete_index(index)
