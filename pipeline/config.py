@@ -47,6 +47,45 @@ class IndexSettings(BaseModel):
     max_ngram: int = Field(default=3, ge=1, le=3)
 
 
+class LLMSettings(BaseModel):
+    """The model server: vLLM's OpenAI-compatible API (or any server that speaks it)."""
+
+    url: str | None = None  # e.g. http://vllm:8000/v1 ; None = no model configured
+    model: str = "Qwen/Qwen3-30B-A3B-Instruct-2507"
+    api_key: SecretStr | None = None
+    # chat: /v1/chat/completions, one document per request, concurrent;
+    # completions: /v1/completions with a list of raw prompts per request.
+    mode: Literal["chat", "completions"] = "chat"
+    concurrency: int = Field(default=32, ge=1)  # in-flight requests; vLLM batches them
+    completions_batch: int = Field(default=16, ge=1)
+    connect_timeout: float = 10.0
+    read_timeout: float = 180.0
+    max_attempts: int = Field(default=5, ge=1)  # per request, for 429/5xx/timeouts
+    max_tokens: int = 512
+    temperature: float = 0.0
+
+
+Stance = Literal["new", "new+key"]
+PolicyKind = Literal["none", "ratio", "absolute", "rank"]
+DfBasis = Literal["text", "proposals", "both"]
+
+
+class EnrichSettings(BaseModel):
+    # new: only vocabulary absent from the document (the reference prompt, "bridge" terms);
+    # new+key: also the document's own most distinctive phrases ("echo" terms).
+    stance: Stance = "new+key"
+    max_terms: int = Field(default=10, ge=1, le=50)
+    doc_chars: int = Field(default=4000, ge=200)  # the document is cut to this for the model
+    batch_docs: int = Field(default=64, ge=1)  # documents per propose batch
+    policy: PolicyKind = "rank"
+    rank_k: int = Field(default=50, ge=0)
+    ratio: float = Field(default=0.05, gt=0, le=1)
+    absolute_cap: int = Field(default=50, ge=1)
+    # what a term's document frequency counts: documents whose text contains the phrase,
+    # documents the phrase was proposed for, or either.
+    df_basis: DfBasis = "both"
+
+
 class LoadSettings(BaseModel):
     # A document whose title + text is larger than this is skipped with an error.
     max_doc_bytes: int = 1_000_000
@@ -61,4 +100,6 @@ class Settings(BaseSettings):
     engine: EngineSettings = EngineSettings()
     index: IndexSettings = IndexSettings()
     load: LoadSettings = LoadSettings()
+    llm: LLMSettings = LLMSettings()
+    enrich: EnrichSettings = EnrichSettings()
     state_dir: Path = Field(default_factory=default_state_dir)

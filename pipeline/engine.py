@@ -316,13 +316,52 @@ class Engine:
         found = dict(found)
         return found.get("_source") if found.get("found") else None
 
+    def scan(self, index: str, query: dict | None = None, source: list[str] | None = None,
+             batch: int = 1000) -> Iterator[dict]:
+        """Every matching document (``_id`` and ``_source``), streamed with a scroll."""
+        body: dict[str, Any] = {"query": query or {"match_all": {}}}
+        if source is not None:
+            body["_source"] = source
+        yield from self._helpers().scan(self.client, index=index, query=body, size=batch,
+                                        preserve_order=False)
+
+    def mget(self, index: str, ids: list[str], source: list[str] | None = None
+             ) -> dict[str, dict]:
+        """Stored sources by id; missing ids are absent from the result."""
+        if not ids:
+            return {}
+        params: dict[str, Any] = {"_source": source} if source is not None else {}
+        docs = self.client.mget(index=index, body={"ids": ids}, **params)["docs"]
+        return {d["_id"]: d.get("_source", {}) for d in docs if d.get("found")}
+
+    def put_meta(self, index: str, meta: dict) -> None:
+        """Replace the index's ``_meta`` (collection-level facts such as the active filter)."""
+        self.client.indices.put_mapping(index=index, body={"_meta": meta})
+
+    def get_meta(self, index: str) -> dict:
+        return dict(self.get_mapping(index).get("_meta", {}))
+
     def analyze(self, index: str, texts: list[str], *, analyzer: str | None = None,
-                field: str | None = None) -> list[list[str]]:
-        """Tokens of each text, as the index's analyzer (or a field's) produces them, in one
-        request. The engine concatenates an array with an offset gap of 1, so the tokens
-        are split back per text by their start offsets."""
-        if not texts:
-            return []
+                field: str | None = None, max_chars: int = 40_000) -> list[list[str]]:
+        """Tokens of each text, as the index's analyzer (or a field's) produces them, in as
+        few requests as ``max_chars`` per request allows."""
+        out: list[list[str]] = []
+        group: list[str] = []
+        size = 0
+        for text in texts:
+            if group and size + len(text) > max_chars:
+                out.extend(self._analyze_group(index, group, analyzer, field))
+                group, size = [], 0
+            group.append(text)
+            size += len(text) + 1
+        if group:
+            out.extend(self._analyze_group(index, group, analyzer, field))
+        return out
+
+    def _analyze_group(self, index: str, texts: list[str], analyzer: str | None,
+                       field: str | None) -> list[list[str]]:
+        """One request for several texts. The engine concatenates an array with an offset gap
+        of 1, so the tokens are split back per text by their start offsets."""
         body: dict[str, Any] = {"text": texts}
         if analyzer:
             body["analyzer"] = analyzer

@@ -1,0 +1,117 @@
+"""Document frequencies from index aggregations, and the filter policies built on them.
+
+DF is always counted by the engine over the whole index, exactly: a ``filters`` aggregation
+(one bucket per candidate, a bounded number of candidates per request) or a ``composite``
+aggregation over the ``proposed_terms`` keyword field. Both sum per-shard counts of whole
+documents, so they are exact on any number of shards — unlike ``_termvectors`` statistics.
+
+What a DF counts (``basis``):
+- ``text``: documents whose title or text contains the phrase (a phrase query on ``contents``);
+- ``proposals``: documents the phrase was proposed for (``proposed_terms``);
+- ``both``: documents with either — a term common in the text *or* proposed everywhere is
+  common.
+
+Every policy comes down to a DF cap (a term is kept when DF <= cap):
+- ``none``: no cap;
+- ``ratio``: cap = int(ratio x documents) — the reference; grows with the collection;
+- ``absolute``: a fixed cap;
+- ``rank``: drop the K most common candidate terms: cap = DF of the K-th most common - 1
+  (terms tied with it go too). A term found in a single document is never dropped.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pipeline.config import DfBasis, EnrichSettings, PolicyKind
+from pipeline.engine import Engine
+
+TEXT_FIELDS = ["contents"]
+ENRICHED_FIELDS = ["contents", "enrich_echo", "enrich_bridge"]
+BATCH = 500  # candidates per filters aggregation request
+
+
+@dataclass(frozen=True)
+class Policy:
+    kind: PolicyKind = "rank"
+    rank_k: int = 50
+    ratio: float = 0.05
+    absolute_cap: int = 50
+
+    @classmethod
+    def from_settings(cls, enrich: EnrichSettings) -> Policy:
+        return cls(enrich.policy, enrich.rank_k, enrich.ratio, enrich.absolute_cap)
+
+    def describe(self) -> str:
+        return {"none": "none", "ratio": f"ratio {self.ratio:g}",
+                "absolute": f"absolute {self.absolute_cap}",
+                "rank": f"rank K={self.rank_k}"}[self.kind]
+
+    def cap(self, n_docs: int, dfs: Iterable[int]) -> int | None:
+        """The largest DF a kept term may have; None means no cap."""
+        if self.kind == "none":
+            return None
+        if self.kind == "ratio":
+            return int(n_docs * self.ratio)
+        if self.kind == "absolute":
+            return self.absolute_cap
+        if self.rank_k == 0:
+            return None
+        ranked = sorted(dfs, reverse=True)
+        if not ranked:
+            return None
+        kth = ranked[min(self.rank_k, len(ranked)) - 1]
+        return max(kth - 1, 1)
+
+
+def keeps(df: int, cap: int | None) -> bool:
+    return cap is None or df <= cap
+
+
+def _clause(text: str, norm: str, basis: DfBasis, fields: list[str]) -> dict:
+    in_text = {"multi_match": {"query": text, "type": "phrase", "fields": fields}}
+    proposed = {"term": {"proposed_terms": norm}}
+    if basis == "text":
+        return in_text
+    if basis == "proposals":
+        return proposed
+    return {"bool": {"should": [in_text, proposed], "minimum_should_match": 1}}
+
+
+def document_frequencies(
+    engine: Engine, index: str, terms: dict[str, str], basis: DfBasis = "both",
+    fields: list[str] | None = None, batch: int = BATCH,
+) -> dict[str, int]:
+    """DF of each term ``{norm: surface text}``, one filters aggregation per ``batch``
+    terms. ``fields``: where a phrase is looked for (default: title + text)."""
+    fields = fields or TEXT_FIELDS
+    items = list(terms.items())
+    out: dict[str, int] = {}
+    for start in range(0, len(items), batch):
+        chunk = items[start:start + batch]
+        filters = {f"t{i}": _clause(text, norm, basis, fields)
+                   for i, (norm, text) in enumerate(chunk)}
+        buckets = engine.aggregate(index, {"df": {"filters": {"filters": filters}}})["df"][
+            "buckets"]
+        for i, (norm, _) in enumerate(chunk):
+            out[norm] = int(buckets[f"t{i}"]["doc_count"])
+    return out
+
+
+def proposal_frequencies(engine: Engine, index: str, page: int = 1000) -> Counter[str]:
+    """Documents per proposed term over the whole collection (composite aggregation, paged)."""
+    counts: Counter[str] = Counter()
+    after = None
+    while True:
+        composite: dict = {"size": page,
+                           "sources": [{"term": {"terms": {"field": "proposed_terms"}}}]}
+        if after:
+            composite["after"] = after
+        result = engine.aggregate(index, {"tags": {"composite": composite}})["tags"]
+        for bucket in result["buckets"]:
+            counts[bucket["key"]["term"]] = int(bucket["doc_count"])
+        after = result.get("after_key")
+        if not result["buckets"] or not after:
+            return counts

@@ -1,0 +1,267 @@
+"""Corpus-side enrichment, in two phases.
+
+``propose``: documents -> model -> raw proposals (normalised, classified echo/bridge, with the
+model and prompt version), written to each document by bulk partial update. A document whose
+content hash and prompt version are unchanged is not sent to the model again.
+
+``apply``: proposals + collection DF statistics + a filter policy -> the enrichment fields
+``enrich_echo`` / ``enrich_bridge``. It needs no model and can run again at any time (``sira
+refilter``), e.g. after the collection grew.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+
+from pipeline import dfstats, terms
+from pipeline.config import DfBasis, Settings
+from pipeline.engine import BulkResult, Engine, ItemFailure
+from pipeline.jobs import now_iso
+from pipeline.llm import ModelClient
+from pipeline.prompts import Prompt, corpus_prompt, document_body
+
+PROPOSED, ENRICHED, FAILED = "proposed", "enriched", "failed"
+DOC_SOURCE = ["title", "text", "sira"]
+
+
+def prompt_for(settings: Settings) -> Prompt:
+    e = settings.enrich
+    return corpus_prompt(e.stance, e.max_terms, settings.index.max_ngram, e.doc_chars)
+
+
+def needs_proposals(source: dict, prompt_version: str) -> bool:
+    sira = source.get("sira", {})
+    return not (
+        sira.get("status") in (PROPOSED, ENRICHED)
+        and sira.get("prompt_version") == prompt_version
+        and sira.get("proposed_hash") == sira.get("content_hash")
+    )
+
+
+def _batched(items: Iterable, size: int) -> Iterator[list]:
+    it = iter(items)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+# -- storing proposals (shared by the model path and import-proposals) ----------------------
+
+
+def store_proposals(engine: Engine, index: str, proposals: dict[str, list[str]],
+                    sources: dict[str, dict], *, model: str, prompt_version: str,
+                    stance: str) -> BulkResult:
+    """Normalise and classify ``proposals`` against their documents and write them."""
+    bodies = {i: document_body(sources[i].get("title", ""), sources[i].get("text", ""))
+              for i in proposals}
+    prepared = terms.prepare(engine, index, proposals, bodies)
+    at = now_iso()
+    updates = []
+    for doc_id, doc_terms in prepared.items():
+        sira = sources[doc_id].get("sira", {})
+        updates.append((doc_id, {
+            "sira_proposals": {"model": model, "prompt_version": prompt_version,
+                               "stance": stance, "at": at, "raw": proposals[doc_id],
+                               "terms": [t.as_json() for t in doc_terms]},
+            "proposed_terms": [t.norm for t in doc_terms],
+            "sira": {"status": PROPOSED, "reason": None, "model": model,
+                     "prompt_version": prompt_version,
+                     "proposed_hash": sira.get("content_hash"), "proposed_at": at,
+                     "attempts": int(sira.get("attempts") or 0) + 1},
+        }))
+    return engine.bulk_update(index, updates)
+
+
+def record_failures(engine: Engine, index: str, reasons: dict[str, str],
+                    sources: dict[str, dict]) -> BulkResult:
+    updates = [(doc_id, {"sira": {
+        "status": FAILED, "reason": reason[:2000],
+        "attempts": int(sources.get(doc_id, {}).get("sira", {}).get("attempts") or 0) + 1,
+    }}) for doc_id, reason in reasons.items()]
+    return engine.bulk_update(index, updates)
+
+
+# -- propose -------------------------------------------------------------------------------
+
+
+@dataclass
+class ProposeSummary:
+    considered: int = 0
+    unchanged: int = 0
+    proposed: int = 0
+    failed: int = 0
+    model_calls: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    rejected: list[ItemFailure] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"{self.considered} documents: {self.proposed} proposed, {self.failed} failed, "
+                f"{self.unchanged} unchanged (not sent); {self.model_calls} model calls")
+
+
+def propose(engine: Engine, settings: Settings, client: ModelClient, *,
+            ids: list[str] | None = None,
+            on_progress: Callable[[int], None] | None = None) -> ProposeSummary:
+    """Send every document that needs proposals (all, or ``ids``) to the model, in batches."""
+    index = settings.index.name
+    prompt = prompt_for(settings)
+    summary = ProposeSummary()
+    if ids is None:
+        hits = ((h["_id"], h["_source"]) for h in engine.scan(index, source=DOC_SOURCE))
+    else:
+        hits = iter(engine.mget(index, ids, source=DOC_SOURCE).items())
+    for batch in _batched(hits, settings.enrich.batch_docs):
+        summary.considered += len(batch)
+        sources = {doc_id: source for doc_id, source in batch}
+        todo = [doc_id for doc_id, source in batch if needs_proposals(source, prompt.version)]
+        summary.unchanged += len(batch) - len(todo)
+        answers = client.keywords(prompt, [
+            (i, document_body(sources[i].get("title", ""), sources[i].get("text", "")))
+            for i in todo])
+        summary.model_calls += sum(a.calls for a in answers)
+        good = {a.key: a.keywords for a in answers if a.ok}
+        bad = {a.key: a.reason or "unknown failure" for a in answers if not a.ok}
+        written = store_proposals(engine, index, good, sources, model=client.model,
+                                  prompt_version=prompt.version, stance=prompt.stance)
+        failed = record_failures(engine, index, bad, sources)
+        summary.proposed += written.ok
+        summary.failed += len(bad)
+        summary.reasons.update(reason.split(":")[0] for reason in bad.values())
+        summary.rejected += written.failures + failed.failures
+        if on_progress:
+            on_progress(len(batch))
+    engine.refresh(index)
+    return summary
+
+
+# -- apply ---------------------------------------------------------------------------------
+
+
+@dataclass
+class TermTable:
+    """The proposals of a collection with their document frequencies."""
+
+    n_docs: int
+    per_doc: dict[str, list[dict]]  # doc id -> stored terms {"text", "norm", "class"}
+    status: dict[str, str]
+    df: dict[str, int]  # norm -> DF under ``basis``
+    basis: DfBasis
+
+
+def term_table(engine: Engine, index: str, basis: DfBasis) -> TermTable:
+    engine.refresh(index)
+    per_doc: dict[str, list[dict]] = {}
+    status: dict[str, str] = {}
+    surfaces: dict[str, str] = {}
+    for hit in engine.scan(index, {"exists": {"field": "sira.proposed_hash"}},
+                           source=["sira_proposals.terms", "sira.status"]):
+        stored = hit["_source"].get("sira_proposals", {}).get("terms", [])
+        per_doc[hit["_id"]] = stored
+        status[hit["_id"]] = hit["_source"].get("sira", {}).get("status", "")
+        for t in stored:
+            surfaces.setdefault(t["norm"], t["text"])
+    if basis == "proposals":
+        counts = dfstats.proposal_frequencies(engine, index)
+        df = {norm: counts.get(norm, 0) for norm in surfaces}
+    else:
+        df = dfstats.document_frequencies(engine, index, surfaces, basis)
+    return TermTable(engine.count(index), per_doc, status, df, basis)
+
+
+@dataclass
+class ApplySummary:
+    policy: str
+    basis: str
+    cap: int | None
+    documents: int = 0
+    enriched: int = 0
+    proposed_terms: int = 0
+    kept: Counter[str] = field(default_factory=Counter)  # by class
+    rejected: list[ItemFailure] = field(default_factory=list)
+
+    def line(self) -> str:
+        kept = sum(self.kept.values())
+        cap = "none" if self.cap is None else str(self.cap)
+        return (f"policy {self.policy} (DF basis {self.basis}, cap {cap}): "
+                f"{self.enriched}/{self.documents} documents enriched, kept {kept} of "
+                f"{self.proposed_terms} terms (echo {self.kept['echo']}, "
+                f"bridge {self.kept['bridge']})")
+
+
+def apply(engine: Engine, settings: Settings, policy: dfstats.Policy | None = None,
+          basis: DfBasis | None = None) -> ApplySummary:
+    """Write the enrichment fields of every proposed document under ``policy``."""
+    index = settings.index.name
+    policy = policy or dfstats.Policy.from_settings(settings.enrich)
+    basis = basis or settings.enrich.df_basis
+    table = term_table(engine, index, basis)
+    cap = policy.cap(table.n_docs, table.df.values())
+    summary = ApplySummary(policy.describe(), basis, cap, documents=table.n_docs)
+    at = now_iso()
+    updates = []
+    for doc_id, stored in table.per_doc.items():
+        kept = [t for t in stored if dfstats.keeps(table.df.get(t["norm"], 0), cap)]
+        summary.proposed_terms += len(stored)
+        summary.kept.update(t["class"] for t in kept)
+        status = ENRICHED if table.status[doc_id] in (PROPOSED, ENRICHED) else \
+            table.status[doc_id]
+        updates.append((doc_id, {
+            "enrich_echo": [t["text"] for t in kept if t["class"] == terms.ECHO],
+            "enrich_bridge": [t["text"] for t in kept if t["class"] == terms.BRIDGE],
+            "sira": {"status": status, "enriched_at": at, "kept": len(kept)},
+        }))
+    result = engine.bulk_update(index, updates)
+    summary.enriched = result.ok
+    summary.rejected = result.failures
+    engine.put_meta(index, {"sira_filter": {
+        "policy": policy.kind, "rank_k": policy.rank_k, "ratio": policy.ratio,
+        "absolute_cap": policy.absolute_cap, "basis": basis, "cap": cap,
+        "documents": table.n_docs, "applied_at": at}})
+    engine.refresh(index)
+    return summary
+
+
+# -- stats ---------------------------------------------------------------------------------
+
+DF_BINS = [(1, 1), (2, 5), (6, 20), (21, 100), (101, 500), (501, None)]
+
+
+def stats(engine: Engine, settings: Settings) -> dict:
+    """Collection figures for ``sira stats``: proposals and kept terms per document, echo vs
+    bridge, what each policy would drop, and a DF histogram of the distinct proposed terms."""
+    index = settings.index.name
+    table = term_table(engine, index, settings.enrich.df_basis)
+    e = settings.enrich
+    n_with = len(table.per_doc)
+    all_terms = [t for stored in table.per_doc.values() for t in stored]
+    classes = Counter(t["class"] for t in all_terms)
+    kept_now = sum(len(h["_source"].get("enrich_echo", [])) +
+                   len(h["_source"].get("enrich_bridge", []))
+                   for h in engine.scan(index, {"exists": {"field": "sira.enriched_at"}},
+                                        source=["enrich_echo", "enrich_bridge"]))
+    policies = {}
+    for p in (dfstats.Policy("none"), dfstats.Policy("ratio", ratio=e.ratio),
+              dfstats.Policy("absolute", absolute_cap=e.absolute_cap),
+              dfstats.Policy("rank", rank_k=e.rank_k)):
+        cap = p.cap(table.n_docs, table.df.values())
+        dropped = [n for n, df in table.df.items() if not dfstats.keeps(df, cap)]
+        policies[p.describe()] = {"cap": cap, "distinct_terms_dropped": len(dropped)}
+    histogram = {}
+    for low, high in DF_BINS:
+        label = f"{low}" if low == high else (f"{low}-{high}" if high else f">{low - 1}")
+        histogram[label] = sum(1 for df in table.df.values()
+                               if df >= low and (high is None or df <= high))
+    return {
+        "documents": table.n_docs,
+        "documents_with_proposals": n_with,
+        "proposals_per_doc": round(len(all_terms) / n_with, 2) if n_with else 0.0,
+        "kept_per_doc": round(kept_now / n_with, 2) if n_with else 0.0,
+        "echo_share": round(classes["echo"] / len(all_terms), 3) if all_terms else 0.0,
+        "bridge_share": round(classes["bridge"] / len(all_terms), 3) if all_terms else 0.0,
+        "distinct_terms": len(table.df),
+        "df_basis": table.basis,
+        "policies": policies,
+        "df_histogram": histogram,
+    }

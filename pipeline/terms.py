@@ -1,0 +1,62 @@
+"""Proposed terms: normalised through the index's own analyzer (so index and query agree),
+de-duplicated, decomposed into n-grams, and classified as echo (shares an analysed token with
+its document) or bridge (shares none)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pipeline.engine import Engine
+
+ANALYZER = "sira_english"
+WORD = re.compile(r"\w+(?:['’-]\w+)*")
+CLASSIFY_CHARS = 50_000  # how much of a long document is compared against its terms
+ECHO, BRIDGE = "echo", "bridge"
+
+
+@dataclass(frozen=True)
+class Term:
+    text: str  # as proposed, trimmed
+    norm: str  # the analyser's tokens joined by spaces: the key for DF and de-duplication
+    kind: str  # ECHO or BRIDGE
+
+    def as_json(self) -> dict:
+        return {"text": self.text, "norm": self.norm, "class": self.kind}
+
+
+def words(phrase: str) -> list[str]:
+    return WORD.findall(phrase)
+
+
+def ngrams(tokens: list[str], max_n: int) -> list[str]:
+    """Every contiguous run of 1..max_n tokens, longest first."""
+    return [" ".join(tokens[i:i + n]) for n in range(min(max_n, len(tokens)), 0, -1)
+            for i in range(len(tokens) - n + 1)]
+
+
+def normalize(engine: Engine, index: str, phrases: list[str]) -> list[str]:
+    """The analysed form of each phrase ('' when nothing survives analysis)."""
+    return [" ".join(tokens) for tokens in engine.analyze(index, phrases, analyzer=ANALYZER)]
+
+
+def prepare(engine: Engine, index: str, proposals: dict[str, list[str]],
+            documents: dict[str, str]) -> dict[str, list[Term]]:
+    """Normalise, de-duplicate and classify the proposals of many documents with two batched
+    ``_analyze`` passes (phrases, then documents)."""
+    flat = [(doc_id, phrase.strip()) for doc_id, phrases in proposals.items()
+            for phrase in phrases if phrase and phrase.strip()]
+    norms = normalize(engine, index, [phrase for _, phrase in flat])
+    ids = list(proposals)
+    doc_tokens = dict(zip(ids, engine.analyze(
+        index, [documents.get(i, "")[:CLASSIFY_CHARS] for i in ids], analyzer=ANALYZER),
+        strict=True))
+    out: dict[str, list[Term]] = {doc_id: [] for doc_id in ids}
+    seen: dict[str, set[str]] = {doc_id: set() for doc_id in ids}
+    for (doc_id, phrase), norm in zip(flat, norms, strict=True):
+        if not norm or norm in seen[doc_id]:
+            continue
+        seen[doc_id].add(norm)
+        kind = ECHO if set(norm.split()) & set(doc_tokens[doc_id]) else BRIDGE
+        out[doc_id].append(Term(phrase, norm, kind))
+    return out

@@ -1,0 +1,92 @@
+"""The model client against the tests' OpenAI-compatible HTTP server: retries, timeouts,
+malformed and truncated answers, both API modes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fake_model import FakeModelServer
+from pydantic import SecretStr
+
+from pipeline.config import LLMSettings
+from pipeline.llm import BadAnswer, ModelClient, NotConfigured, parse_keywords
+from pipeline.prompts import corpus_prompt, document_body
+
+PROMPT = corpus_prompt("new+key", max_terms=10, max_n=3, doc_chars=4000)
+
+CASES = {
+    "plain": "PROPOSE[heap size; JVM]",
+    "rate limited": "FAULT:429:2 PROPOSE[ok after 429]",
+    "server error": "FAULT:500:1 PROPOSE[ok after 500]",
+    "slow": "FAULT:slow:1 PROPOSE[ok after timeout]",
+    "garbage once": "FAULT:garbage:1 PROPOSE[ok after strict retry]",
+    "garbage always": "FAULT:garbage",
+    "truncated": "FAULT:truncated",
+    "bad request": "FAULT:400",
+}
+
+
+@pytest.fixture
+def server() -> Iterator[FakeModelServer]:
+    with FakeModelServer(slow_seconds=1.5) as fake:
+        yield fake
+
+
+def client(server: FakeModelServer, **overrides: object) -> ModelClient:
+    settings = LLMSettings(url=server.url, model="test-model", read_timeout=0.7,
+                           connect_timeout=1.0, max_attempts=4,
+                           api_key=SecretStr("sk-test-secret"), **overrides)
+    return ModelClient(settings, backoff=0.01, backoff_max=0.05)
+
+
+def run_cases(model: ModelClient) -> dict:
+    items = [(title, document_body(title, text)) for title, text in CASES.items()]
+    return {a.key: a for a in model.keywords(PROMPT, items)}
+
+
+@pytest.mark.parametrize("mode", ["chat", "completions"])
+def test_retries_timeouts_and_bad_answers(server: FakeModelServer, mode: str) -> None:
+    answers = run_cases(client(server, mode=mode, completions_batch=3))
+    assert answers["plain"].keywords == ["heap size", "JVM"]
+    assert answers["rate limited"].keywords == ["ok after 429"]
+    assert answers["server error"].keywords == ["ok after 500"]
+    assert answers["slow"].keywords == ["ok after timeout"]
+    assert answers["garbage once"].keywords == ["ok after strict retry"]
+
+    assert not answers["garbage always"].ok
+    assert "not JSON" in answers["garbage always"].reason
+    assert "stricter retry" in answers["garbage always"].reason
+    assert "truncated" in answers["truncated"].reason
+    assert "HTTP 400" in answers["bad request"].reason
+
+    if mode == "chat":  # one request per document: the calls are exact
+        assert server.calls["rate limited"] == 3  # two 429s, then the answer
+        assert server.calls["server error"] == 2
+        assert server.calls["slow"] == 2  # the first timed out on the client
+        assert server.calls["garbage once"] == 2  # the stricter retry
+        assert server.calls["garbage always"] == 2  # normal + strict, then it gives up
+        assert server.calls["bad request"] == 1  # a 400 is not retried
+        assert answers["rate limited"].calls == 3
+
+
+def test_no_model_configured() -> None:
+    with pytest.raises(NotConfigured, match="SIRA_LLM__URL"):
+        ModelClient(LLMSettings(url=None))
+
+
+def test_parse_keywords() -> None:
+    assert parse_keywords('```json\n{"keywords": ["a", " b "]}\n```', "stop") == ["a", "b"]
+    for bad in ['{"words": []}', "[]", '{"keywords": [1]}', ""]:
+        with pytest.raises(BadAnswer):
+            parse_keywords(bad, "stop")
+
+
+def test_prompt_versions_and_cut() -> None:
+    other = corpus_prompt("new", max_terms=10, max_n=3, doc_chars=4000)
+    assert PROMPT.version != other.version
+    assert PROMPT.version == corpus_prompt("new+key", 10, 3, 4000).version
+    short = corpus_prompt("new+key", 10, 3, doc_chars=300)
+    assert short.messages("x" * 1000)[1]["content"].endswith("\n\n" + "x" * 300)
+    assert "NOT already appear" in other.instructions and "own most distinctive" in \
+        PROMPT.instructions
