@@ -12,10 +12,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipeline import servers
-from pipeline.config import EngineKind, Settings
+from pipeline import batchfiles, enrich, servers
+from pipeline.config import DfBasis, EngineKind, PolicyKind, Settings, Stance
 from pipeline.engine import Engine, EngineUnavailable
 from pipeline.jobs import IndexSummary, index_corpus
+from pipeline.llm import ModelClient, NotConfigured
 from pipeline.loaders import CorpusError, count_items, is_beir_folder, load_queries
 from pipeline.query import SearchResult, search
 
@@ -196,6 +197,119 @@ def search_cmd(
         _print_hits(result)
 
 
+# -- enrichment ----------------------------------------------------------------------------
+
+
+def _policy_options(settings: Settings, policy: PolicyKind | None, k: int | None,
+                    ratio: float | None, cap: int | None, basis: DfBasis | None) -> None:
+    update = {key: value for key, value in {
+        "policy": policy, "rank_k": k, "ratio": ratio, "absolute_cap": cap, "df_basis": basis,
+    }.items() if value is not None}
+    settings.enrich = settings.enrich.model_copy(update=update)
+
+
+PolicyOpt = Annotated[PolicyKind | None, typer.Option(help="DF filter: none, ratio, absolute, "
+                                                      "rank (default rank).")]
+KOpt = Annotated[int | None, typer.Option("--k", help="rank: drop the K most common terms.")]
+RatioOpt = Annotated[float | None, typer.Option(help="ratio: drop DF > ratio x documents.")]
+CapOpt = Annotated[int | None, typer.Option(help="absolute: drop DF > cap.")]
+BasisOpt = Annotated[DfBasis | None, typer.Option(help="What DF counts: text, proposals, both.")]
+
+
+def _print_apply(summary: enrich.ApplySummary) -> None:
+    for failure in summary.rejected[:20]:
+        err.print(f"[yellow]rejected[/yellow] document {failure.id}: {failure.reason}")
+    out.print(f"{summary.line()}")
+
+
+@app.command("enrich")
+def enrich_cmd(
+    ctx: typer.Context,
+    stance: Annotated[Stance | None, typer.Option(help="new: only vocabulary absent from the "
+                                                  "document; new+key: also its key terms.")]
+    = None,
+    policy: PolicyOpt = None, k: KOpt = None, ratio: RatioOpt = None, cap: CapOpt = None,
+    basis: BasisOpt = None,
+) -> None:
+    """Propose terms for every document that needs them (model), then apply the DF filter."""
+    settings = _settings(ctx)
+    if stance:
+        settings.enrich = settings.enrich.model_copy(update={"stance": stance})
+    _policy_options(settings, policy, k, ratio, cap, basis)
+    try:
+        client = ModelClient(settings.llm)
+    except NotConfigured as exc:
+        raise _fail(str(exc)) from exc
+    engine = _connect(settings)
+    total = engine.count(settings.index.name)
+    with Progress(TextColumn("proposing"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True) as progress:
+        task = progress.add_task("propose", total=total)
+        proposed = enrich.propose(engine, settings, client,
+                                  on_progress=lambda n: progress.advance(task, n))
+    for reason, count in proposed.reasons.most_common(5):
+        err.print(f"[yellow]failed[/yellow] {count} document(s): {reason}")
+    out.print(f"propose: {proposed.line()}")
+    _print_apply(enrich.apply(engine, settings))
+    if proposed.failed or proposed.rejected:
+        raise typer.Exit(1)
+
+
+@app.command("refilter")
+def refilter_cmd(ctx: typer.Context, policy: PolicyOpt = None, k: KOpt = None,
+                 ratio: RatioOpt = None, cap: CapOpt = None, basis: BasisOpt = None) -> None:
+    """Re-apply the DF filter to the stored proposals (no model calls)."""
+    settings = _settings(ctx)
+    _policy_options(settings, policy, k, ratio, cap, basis)
+    _print_apply(enrich.apply(_connect(settings), settings))
+
+
+@app.command("stats")
+def stats_cmd(ctx: typer.Context, k: KOpt = None, ratio: RatioOpt = None, cap: CapOpt = None,
+              basis: BasisOpt = None) -> None:
+    """Proposals per document, echo vs bridge, what each policy would drop, DF histogram."""
+    settings = _settings(ctx)
+    _policy_options(settings, None, k, ratio, cap, basis)
+    out.print_json(json.dumps(enrich.stats(_connect(settings), settings)))
+
+
+@app.command("export-batch")
+def export_batch_cmd(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Argument(help="Output: a `vllm run-batch` input file.")],
+    all_docs: Annotated[bool, typer.Option("--all", help="Every document, not only those "
+                                           "that need proposals.")] = False,
+) -> None:
+    """Write the corpus-side requests as an OpenAI batch file for `vllm run-batch`."""
+    settings = _settings(ctx)
+    count = batchfiles.export_batch(_connect(settings), settings, path, all_docs=all_docs)
+    out.print(f"wrote {count} requests to {path}")
+
+
+@app.command("import-proposals")
+def import_proposals_cmd(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Argument(help="`vllm run-batch` output, or JSONL "
+                                         '{"doc_id", "terms"}.')],
+    model: Annotated[str | None, typer.Option(help="Model name to record.")] = None,
+    prompt_version: Annotated[str | None, typer.Option(help="Prompt version to record.")]
+    = None,
+    apply: Annotated[bool, typer.Option(help="Apply the DF filter afterwards.")] = True,
+) -> None:
+    """Store recorded proposals as the online path does, then apply the filter."""
+    settings = _settings(ctx)
+    engine = _connect(settings)
+    summary = batchfiles.import_proposals(engine, settings, path, model=model,
+                                          prompt_version=prompt_version)
+    for problem in summary.report.problems[:20]:
+        err.print(f"[yellow]skipped[/yellow] {problem}", highlight=False)
+    out.print(f"import: {summary.line()}")
+    if apply:
+        _print_apply(enrich.apply(engine, settings))
+    if summary.report.skipped or summary.rejected:
+        raise typer.Exit(1)
+
+
 @app.command("demo")
 def demo(
     ctx: typer.Context,
@@ -214,5 +328,12 @@ def demo(
     engine = _connect(settings)
     assert is_beir_folder(SAMPLE), f"the sample collection is missing from {SAMPLE}"
     _index(settings, engine, SAMPLE, recreate=True)
+    if settings.llm.url:
+        proposed = enrich.propose(engine, settings, ModelClient(settings.llm))
+        out.print(f"propose: {proposed.line()}")
+        _print_apply(enrich.apply(engine, settings))
+    else:
+        out.print("no model server configured (SIRA_LLM__URL): enrichment skipped, "
+                  "searching plain BM25")
     for text in list(load_queries(SAMPLE / "queries.jsonl").values())[:queries]:
         _print_hits(search(engine, settings.index.name, text, size=5))

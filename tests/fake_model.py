@@ -2,8 +2,8 @@
 HTTP. Answers are deterministic and keyed by the prompt's content; faults are asked for by the
 document itself, so each test states its scenario in its data:
 
-- ``PROPOSE[a; b; c]`` in the text: answer exactly these keywords;
-  otherwise the title's words plus one made-up bridge term;
+- the keywords given for the document's title in ``answers``; otherwise the title's words
+  plus one made-up bridge term;
 - ``FAULT:429:N`` / ``FAULT:500:N`` / ``FAULT:400``: that status for the first N calls for
   this document (for every call without N);
 - ``FAULT:slow:N``: the first N calls answer after ``slow_seconds`` (past the client timeout);
@@ -21,13 +21,14 @@ import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-PROPOSE = re.compile(r"PROPOSE\[([^\]]*)\]")
 FAULT = re.compile(r"FAULT:(400|429|500|slow|garbage|truncated)(?::(\d+))?")
 TITLE = re.compile(r"Title: (.*)")
 
 
 class FakeModelServer:
-    def __init__(self, slow_seconds: float = 2.0) -> None:
+    def __init__(self, answers: dict[str, list[str]] | None = None,
+                 slow_seconds: float = 2.0) -> None:
+        self.answers = answers or {}
         self.slow_seconds = slow_seconds
         self.calls: Counter[str] = Counter()  # per document key (its title, else its text)
         self.requests = 0
@@ -72,9 +73,8 @@ class FakeModelServer:
                 return 200, "Sure! Here are some keywords: alpha, beta", "stop"
             if active and kind == "truncated":
                 return 200, '{"keywords": ["alpha", "be', "length"
-        wanted = PROPOSE.search(prompt)
-        if wanted:
-            words = [w.strip() for w in wanted.group(1).split(";") if w.strip()]
+        if key in self.answers:
+            words = self.answers[key]
         else:
             words = key.split()[:3] + [f"zz{hashlib.sha1(key.encode()).hexdigest()[:6]}"]
         return 200, json.dumps({"keywords": words}), "stop"

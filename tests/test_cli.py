@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import STATE_DIR
+from fake_model import FakeModelServer
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
@@ -158,3 +159,38 @@ def test_demo_indexes_and_searches_the_sample(opensearch: Engine,
         assert "ops-001" in result.output  # the judged answer to the first sample query
     finally:
         opensearch.delete_index(index)
+
+
+def test_enrich_refilter_stats_commands(opensearch: Engine, monkeypatch: pytest.MonkeyPatch,
+                                        tmp_path: Path) -> None:
+    engine_env(opensearch, monkeypatch)
+    index = f"test-enrich-{uuid.uuid4().hex[:8]}"
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": f"d{i}", "title": f"Note {i}",
+                                          "text": f"body {i}"}) + "\n" for i in range(6)))
+    answers = {f"Note {i}": ["shared tag", f"unique{i}"] for i in range(6)}
+    with FakeModelServer(answers) as model:
+        monkeypatch.setenv("SIRA_LLM__URL", model.url)
+        try:
+            assert runner.invoke(app, ["--index", index, "index", str(corpus)]).exit_code == 0
+            result = runner.invoke(app, ["--index", index, "enrich", "--policy", "none"])
+            assert result.exit_code == 0, result.output
+            assert "6 proposed, 0 failed" in result.output
+            assert "6/6 documents enriched, kept 12 of 12 terms" in result.output
+
+            again = runner.invoke(app, ["--index", index, "enrich"])
+            assert "0 proposed, 0 failed, 6 unchanged (not sent); 0 model calls" in again.output
+
+            refilter = runner.invoke(app, ["--index", index, "refilter", "--policy", "absolute",
+                                           "--cap", "5", "--basis", "proposals"])
+            assert refilter.exit_code == 0, refilter.output
+            assert "kept 6 of 12 terms" in refilter.output  # "shared tag" has DF 6 > 5
+            assert opensearch.get(index, "d0")["enrich_bridge"] == ["unique0"]
+
+            stats = runner.invoke(app, ["--index", index, "stats", "--k", "1"])
+            figures = json.loads(stats.stdout)
+            assert figures["documents_with_proposals"] == 6
+            assert figures["proposals_per_doc"] == 2.0 and figures["kept_per_doc"] == 1.0
+            assert figures["policies"]["rank K=1"]["distinct_terms_dropped"] == 1
+        finally:
+            opensearch.delete_index(index)

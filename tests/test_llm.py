@@ -16,11 +16,11 @@ from pipeline.prompts import corpus_prompt, document_body
 PROMPT = corpus_prompt("new+key", max_terms=10, max_n=3, doc_chars=4000)
 
 CASES = {
-    "plain": "PROPOSE[heap size; JVM]",
-    "rate limited": "FAULT:429:2 PROPOSE[ok after 429]",
-    "server error": "FAULT:500:1 PROPOSE[ok after 500]",
-    "slow": "FAULT:slow:1 PROPOSE[ok after timeout]",
-    "garbage once": "FAULT:garbage:1 PROPOSE[ok after strict retry]",
+    "plain": "text",
+    "rate limited": "FAULT:429:2",
+    "server error": "FAULT:500:1",
+    "slow": "FAULT:slow:1",
+    "garbage once": "FAULT:garbage:1",
     "garbage always": "FAULT:garbage",
     "truncated": "FAULT:truncated",
     "bad request": "FAULT:400",
@@ -29,7 +29,10 @@ CASES = {
 
 @pytest.fixture
 def server() -> Iterator[FakeModelServer]:
-    with FakeModelServer(slow_seconds=1.5) as fake:
+    answers = {"plain": ["heap size", "JVM"], "rate limited": ["ok after 429"],
+               "server error": ["ok after 500"], "slow": ["ok after timeout"],
+               "garbage once": ["ok after strict retry"]}
+    with FakeModelServer(answers, slow_seconds=1.5) as fake:
         yield fake
 
 

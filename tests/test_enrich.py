@@ -1,0 +1,244 @@
+"""Corpus-side enrichment against real engines and the tests' HTTP model server."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fake_model import FakeModelServer
+
+from pipeline import batchfiles, dfstats, enrich, terms
+from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
+from pipeline.engine import Engine
+from pipeline.jobs import to_index_doc
+from pipeline.llm import ModelClient
+from pipeline.loaders import Document
+
+ANSWERS = {
+    "Heap sizing": ["JVM heap", "garbage collector", "Xmx flag", "the"],
+    "Snapshot repositories": ["S3 backup", "snapshot lifecycle"],
+    "Flaky answer": ["rate limited once"],
+}
+
+
+@pytest.fixture
+def model() -> Iterator[FakeModelServer]:
+    with FakeModelServer(ANSWERS, slow_seconds=1.5) as fake:
+        yield fake
+
+
+def settings_for(index: IndexSettings, model: FakeModelServer | None = None,
+                 **enrich_options: object) -> Settings:
+    llm = LLMSettings(url=model.url if model else None, model="test-model", read_timeout=1.0,
+                      max_attempts=3)
+    return Settings(index=index, llm=llm, enrich=EnrichSettings(**enrich_options))
+
+
+def client_for(settings: Settings) -> ModelClient:
+    return ModelClient(settings.llm, backoff=0.01, backoff_max=0.05)
+
+
+def load(engine: Engine, index: str, docs: list[tuple[str, str, str]]) -> None:
+    result = engine.bulk_index(index, [to_index_doc(Document(i, t, x)) for i, t, x in docs])
+    assert result.failed == 0, result.failures
+    engine.refresh(index)
+
+
+DOCS = [
+    ("heap", "Heap sizing", "Give the JVM half the memory."),
+    ("snap", "Snapshot repositories", "Register a repository and take snapshots."),
+    ("flaky", "Flaky answer", "FAULT:429:1"),
+    ("poison", "Poison document", "The model never answers this one properly. FAULT:garbage"),
+]
+
+
+def test_propose_apply_and_idempotence(engine: Engine, fresh_index: IndexSettings,
+                                       model: FakeModelServer) -> None:
+    settings = settings_for(fresh_index, model, policy="none")
+    load(engine, fresh_index.name, DOCS)
+    client = client_for(settings)
+
+    first = enrich.propose(engine, settings, client)
+    assert (first.proposed, first.failed, first.unchanged) == (3, 1, 0)
+    assert list(first.reasons) == ["answer is not JSON (Expecting value)"]
+
+    heap = engine.get(fresh_index.name, "heap")
+    stored = heap["sira_proposals"]
+    assert stored["model"] == "test-model"
+    assert stored["prompt_version"] == enrich.prompt_for(settings).version
+    assert stored["stance"] == "new+key"
+    classes = {t["text"]: t["class"] for t in stored["terms"]}
+    # "the" analyses to nothing and is dropped; "JVM heap" reuses a document word
+    assert classes == {"JVM heap": "echo", "garbage collector": "bridge", "Xmx flag": "bridge"}
+    assert heap["sira"]["status"] == "proposed"
+    assert heap["sira"]["proposed_hash"] == heap["sira"]["content_hash"]
+    poison = engine.get(fresh_index.name, "poison")["sira"]
+    assert poison["status"] == "failed" and "stricter retry" in poison["reason"]
+
+    applied = enrich.apply(engine, settings)
+    assert applied.enriched == 3 and applied.cap is None
+    heap = engine.get(fresh_index.name, "heap")
+    assert heap["enrich_echo"] == ["JVM heap"]
+    assert sorted(heap["enrich_bridge"]) == ["Xmx flag", "garbage collector"]
+    assert heap["sira"]["status"] == "enriched"
+    assert engine.get(fresh_index.name, "poison")["sira"]["status"] == "failed"
+    # a bridge term now finds its document, which the text alone does not
+    query = {"query": {"multi_match": {"query": "garbage collector",
+                                       "fields": ["contents", "enrich_bridge"]}}}
+    hits = engine.search(fresh_index.name, query)["hits"]["hits"]
+    assert [h["_id"] for h in hits] == ["heap"]
+
+    calls_before = dict(model.calls)
+    again = enrich.propose(engine, settings, client)
+    assert (again.unchanged, again.proposed, again.failed) == (3, 0, 1)  # only the failure
+    assert {k: model.calls[k] - calls_before.get(k, 0) for k in model.calls} == {
+        "Heap sizing": 0, "Snapshot repositories": 0, "Flaky answer": 0, "Poison document": 2}
+
+    load(engine, fresh_index.name, [("snap", "Snapshot repositories",
+                                     "Now about searchable snapshots.")])
+    calls_before = dict(model.calls)
+    changed = enrich.propose(engine, settings, client)
+    assert changed.proposed == 1
+    assert model.calls["Snapshot repositories"] - calls_before["Snapshot repositories"] == 1
+    assert model.calls["Heap sizing"] == calls_before["Heap sizing"]
+
+
+def test_df_is_exact_on_a_multi_shard_index(cluster: Engine, index_settings: IndexSettings
+                                            ) -> None:
+    index = index_settings.model_copy(update={"shards": 3, "replicas": 1})
+    cluster.create_index(index)
+    try:
+        rng = random.Random(11)
+        vocab = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+        docs, proposals = [], {}
+        for i in range(240):
+            words = [rng.choice(vocab) for _ in range(6)]
+            docs.append((f"d{i}", f"doc {i}", " ".join(words)))
+            proposals[f"d{i}"] = rng.sample(vocab, 2) + [f"{words[0]} {words[1]}"]
+        load(cluster, index.name, docs)
+        sources = cluster.mget(index.name, list(proposals), source=enrich.DOC_SOURCE)
+        enrich.store_proposals(cluster, index.name, proposals, sources, model="m",
+                               prompt_version="p", stance="new+key")
+        cluster.refresh(index.name)
+
+        texts = {d: f" {x} " for d, _, x in docs}
+        candidates = sorted({t for terms in proposals.values() for t in terms})
+        in_text = {t: {d for d, x in texts.items() if f" {t} " in x} for t in candidates}
+        proposed = {t: {d for d, terms in proposals.items() if t in terms} for t in candidates}
+        norm = dict(zip(candidates, terms.normalize(cluster, index.name, candidates),
+                        strict=True))  # e.g. charlie -> charli
+        assert len(set(norm.values())) == len(candidates)
+        surfaces = {norm[t]: t for t in candidates}
+        for basis, truth in [("text", in_text), ("proposals", proposed),
+                             ("both", {t: in_text[t] | proposed[t] for t in candidates})]:
+            got = dfstats.document_frequencies(cluster, index.name, surfaces, basis, batch=7)
+            assert got == {norm[t]: len(truth[t]) for t in candidates}, basis
+        assert dfstats.proposal_frequencies(cluster, index.name, page=5) == \
+            Counter({norm[t]: len(proposed[t]) for t in candidates})
+    finally:
+        cluster.delete_index(index.name)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_ratio_cap_does_not_scale_rank_does(opensearch: Engine, index_settings: IndexSettings,
+                                            tmp_path: Path) -> None:
+    """The scaling bug: grow the collection with unrelated documents; a term whose DF did not
+    change is admitted by the ratio policy, while the rank policy keeps rejecting it."""
+    name = index_settings.name
+    opensearch.create_index(index_settings)
+    try:
+        base = [(f"b{i}", f"note {i}", f"base document number {i}") for i in range(100)]
+        load(opensearch, name, base)
+        rows = []
+        for i in range(100):
+            terms = [f"specific{i}"]
+            if i < 8:
+                terms.append("kinase inhibitor")  # DF 8 in every state of the collection
+            if i < 30:
+                terms.append("study")  # an injected generic tag
+            rows.append({"doc_id": f"b{i}", "terms": terms})
+        settings = settings_for(index_settings, df_basis="proposals")
+        batchfiles.import_proposals(opensearch, settings, write_jsonl(tmp_path / "p.jsonl", rows))
+
+        def kept(policy: dfstats.Policy) -> list[str]:
+            enrich.apply(opensearch, settings, policy)
+            doc = opensearch.get(name, "b0")
+            return sorted(doc.get("enrich_echo", []) + doc.get("enrich_bridge", []))
+
+        ratio, rank = dfstats.Policy("ratio", ratio=0.05), dfstats.Policy("rank", rank_k=2)
+        assert kept(ratio) == ["specific0"]  # cap 5: both common terms dropped
+        assert kept(rank) == ["specific0"]
+
+        noise = [(f"n{i}", f"other {i}", f"unrelated text {i}") for i in range(600)]
+        load(opensearch, name, noise)
+        more = [{"doc_id": f"n{i}", "terms": [f"noise{i}"]} for i in range(600)]
+        batchfiles.import_proposals(opensearch, settings,
+                                    write_jsonl(tmp_path / "n.jsonl", more))
+        assert kept(ratio) == ["kinase inhibitor", "specific0", "study"]  # cap 35 admits them
+        assert kept(rank) == ["specific0"]  # still the two most common terms
+        stats = enrich.stats(opensearch, settings.model_copy(update={
+            "enrich": settings.enrich.model_copy(update={"rank_k": 2})}))
+        assert stats["documents"] == 700 and stats["distinct_terms"] == 702
+        assert stats["policies"]["rank K=2"]["distinct_terms_dropped"] == 2
+        assert stats["policies"]["ratio 0.05"]["distinct_terms_dropped"] == 0
+        assert stats["df_histogram"]["1"] == 700
+    finally:
+        opensearch.delete_index(name)
+
+
+def test_batch_output_and_plain_jsonl_store_the_same(engine: Engine, index_settings: IndexSettings,
+                                                     tmp_path: Path) -> None:
+    docs = DOCS[:2]
+    names = [index_settings.name + "-a", index_settings.name + "-b"]
+    settings = [settings_for(index_settings.model_copy(update={"name": n})) for n in names]
+    for s in settings:
+        engine.create_index(s.index)
+        load(engine, s.index.name, docs)
+    try:
+        exported = batchfiles.export_batch(engine, settings[0], tmp_path / "requests.jsonl")
+        requests = [json.loads(line) for line in (tmp_path / "requests.jsonl").open()]
+        assert exported == 2 and [r["custom_id"] for r in requests] == ["heap", "snap"]
+        assert requests[0]["url"] == "/v1/chat/completions"
+        assert requests[0]["body"]["response_format"]["type"] == "json_schema"
+        assert "Heap sizing" in requests[0]["body"]["messages"][1]["content"]
+
+        terms = {"heap": ["JVM heap", "garbage collector"], "snap": ["S3 backup"]}
+        batch_out = [{"id": f"r{i}", "custom_id": doc_id, "error": None, "response": {
+            "status_code": 200, "body": {"model": "m1", "choices": [{
+                "index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": json.dumps({"keywords": t})}}]}}}
+            for i, (doc_id, t) in enumerate(terms.items())]
+        plain = [{"doc_id": d, "terms": t, "model": "m1"} for d, t in terms.items()]
+        a = batchfiles.import_proposals(engine, settings[0],
+                                        write_jsonl(tmp_path / "out.jsonl", batch_out))
+        b = batchfiles.import_proposals(engine, settings[1],
+                                        write_jsonl(tmp_path / "plain.jsonl", plain))
+        assert a.stored == b.stored == 2
+
+        def stored(name: str, doc_id: str) -> dict:
+            doc = engine.get(name, doc_id)
+            doc["sira_proposals"].pop("at")
+            return {k: doc[k] for k in ("sira_proposals", "proposed_terms")} | {
+                "sira": {k: doc["sira"][k] for k in ("model", "prompt_version", "status")}}
+
+        for doc_id in terms:
+            assert stored(names[0], doc_id) == stored(names[1], doc_id)
+
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"doc_id": "heap", "terms": ["x"]}\n{"doc_id": "nope", "terms": ["y"]}\n'
+                       '{"doc_id": "snap", "terms": "not a list"}\n{broken\n')
+        report = batchfiles.import_proposals(engine, settings[0], bad).report
+        problems = {p.line: p.reason for p in report.problems}
+        assert problems == {2: "unknown document id", 3: problems[3], 4: problems[4]}
+        assert "terms" in problems[3] and "broken JSON" in problems[4]
+    finally:
+        for n in names:
+            engine.delete_index(n)
