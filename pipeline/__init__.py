@@ -1,0 +1,14 @@
+"""sira-pipeline: LLM-enriched lexical retrieval for Elasticsearch and OpenSearch.
+
+The Python API is the one the CLI and the bench use::
+
+    from pipeline import Engine, Settings, search
+    settings = Settings()
+    result = search(Engine.from_settings(settings), settings, "why is my cluster yellow")
+"""
+
+from pipeline.config import Settings
+from pipeline.engine import Engine
+from pipeline.query import Hit, SearchResult, search
+
+__all__ = ["Engine", "Hit", "SearchResult", "Settings", "search"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -18,16 +19,18 @@ from pipeline.engine import Engine, EngineUnavailable
 from pipeline.jobs import IndexSummary, index_corpus
 from pipeline.llm import ModelClient, NotConfigured
 from pipeline.loaders import CorpusError, count_items, is_beir_folder, load_queries
-from pipeline.query import SearchResult, search
+from pipeline.query import Classes, SearchResult, install_template, search
 
 app = typer.Typer(help="SIRA: LLM-enriched lexical retrieval for Elasticsearch and OpenSearch.",
                   no_args_is_help=True, pretty_exceptions_show_locals=False)
 engine_app = typer.Typer(help="Local search engines for development and tests.",
                          no_args_is_help=True)
 app.add_typer(engine_app, name="engine")
+template_app = typer.Typer(help="The stored search template.", no_args_is_help=True)
+app.add_typer(template_app, name="template")
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+out = Console(soft_wrap=True, markup=False)  # printed text comes from data: no markup
+err = Console(stderr=True, soft_wrap=True, markup=False)
 SAMPLE = Path(__file__).parent / "sample"
 LOCAL = "local"
 
@@ -62,12 +65,12 @@ def _connect(settings: Settings) -> Engine:
     try:
         return Engine.from_settings(settings, local_name=LOCAL)
     except EngineUnavailable as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"error: {exc}")
         raise typer.Exit(2) from exc
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[red]error:[/red] {message}")
+    err.print(f"error: {message}")
     return typer.Exit(code)
 
 
@@ -133,7 +136,7 @@ def _print_problems(summary: IndexSummary, limit: int = 20) -> None:
     problems += [f"document {f.id}: rejected by the engine ({f.status}): {f.reason}"
                  for f in summary.bulk.failures]
     for line in problems[:limit]:
-        err.print(f"[yellow]skipped[/yellow] {line}", highlight=False)
+        err.print("skipped " + line, highlight=False)
     if len(problems) > limit:
         err.print(f"... and {len(problems) - limit} more")
 
@@ -171,30 +174,64 @@ def index_cmd(
         raise typer.Exit(1)
 
 
-def _print_hits(result: SearchResult) -> None:
-    table = Table(title=f"{result.query!r}: {result.total} hits, {result.took_ms} ms",
-                  title_justify="left")
+def _print_hits(result: SearchResult, explain: bool = False) -> None:
+    if result.sketch is not None or result.expansion_note:
+        out.print(f"sketch: {result.sketch}", highlight=False)
+        out.print(f"expansion: {result.expansion} (DF cap {result.cap})", highlight=False)
+        for dropped in result.dropped:
+            out.print(f"  dropped {dropped.term!r}: {dropped.reason}", highlight=False)
+        if result.expansion_note:
+            out.print(f"  {result.expansion_note}", highlight=False)
+    title = f"{result.query!r}: {result.total} hits, {result.took_ms} ms"
+    if result.also:
+        title += f", fused with {len(result.also)} more phrasing(s)"
+    table = Table(title=title, title_justify="left")
     for column in ("rank", "id", "score", "title"):
         table.add_column(column, overflow="fold")
     for rank, hit in enumerate(result.hits, start=1):
         table.add_row(str(rank), hit.id, f"{hit.score:.3f}", (hit.title or hit.text)[:80])
     out.print(table)
+    if explain:
+        for rank, hit in enumerate(result.hits, start=1):
+            matched = "; ".join(f"{f}: {', '.join(t)}" for f, t in hit.matched_terms.items())
+            out.print(f"{rank}. {hit.id} [{', '.join(hit.matched_queries)}] {matched}",
+                      highlight=False, markup=False)
 
 
 @app.command("search")
 def search_cmd(
     ctx: typer.Context,
     text: Annotated[str, typer.Argument(help="Query text.")],
+    also: Annotated[list[str] | None, typer.Option(
+        help="Another phrasing of the same need (repeatable); all are fused with equal "
+             "weight. Only for phrasings you can defend: a wrong one costs recall.")] = None,
+    expand: Annotated[bool, typer.Option(help="Ask the model for an expected-answer sketch.")]
+    = False,
+    w: Annotated[float, typer.Option(help="Weight of the expansion clause.")] = 0.5,
+    classes: Annotated[Classes, typer.Option(help="Enrichment classes that take part.")]
+    = "both",
     size: Annotated[int, typer.Option(help="Number of hits.")] = 10,
-    as_json: Annotated[bool, typer.Option("--json", help="Print hits as JSON.")] = False,
+    explain: Annotated[bool, typer.Option(help="Show the sketch, validation and what "
+                                          "matched per hit.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Search the index (plain BM25 over title + text)."""
+    """Search: BM25 over title + text + enrichment, optionally with a validated sketch."""
     settings = _settings(ctx)
-    result = search(_connect(settings), settings.index.name, text, size=size)
+    result = search(_connect(settings), settings, text, also=also or [], expand=expand, w=w,
+                    size=size, classes=classes, explain=explain or as_json)
     if as_json:
-        sys.stdout.write(json.dumps([h.__dict__ for h in result.hits]) + "\n")
+        sys.stdout.write(json.dumps(dataclasses.asdict(result)) + "\n")
     else:
-        _print_hits(result)
+        _print_hits(result, explain)
+
+
+@template_app.command("install")
+def template_install(ctx: typer.Context) -> None:
+    """Store the two-clause search template in the engine (for Kibana / Dashboards)."""
+    engine = _connect(_settings(ctx))
+    if not engine.capabilities.search_templates:
+        raise _fail("this engine has no mustache search templates (lang-mustache module)")
+    out.print(f"stored search template '{install_template(engine)}'")
 
 
 # -- enrichment ----------------------------------------------------------------------------
@@ -218,7 +255,7 @@ BasisOpt = Annotated[DfBasis | None, typer.Option(help="What DF counts: text, pr
 
 def _print_apply(summary: enrich.ApplySummary) -> None:
     for failure in summary.rejected[:20]:
-        err.print(f"[yellow]rejected[/yellow] document {failure.id}: {failure.reason}")
+        err.print(f"rejected document {failure.id}: {failure.reason}")
     out.print(f"{summary.line()}")
 
 
@@ -248,7 +285,7 @@ def enrich_cmd(
         proposed = enrich.propose(engine, settings, client,
                                   on_progress=lambda n: progress.advance(task, n))
     for reason, count in proposed.reasons.most_common(5):
-        err.print(f"[yellow]failed[/yellow] {count} document(s): {reason}")
+        err.print(f"failed {count} document(s): {reason}")
     out.print(f"propose: {proposed.line()}")
     _print_apply(enrich.apply(engine, settings))
     if proposed.failed or proposed.rejected:
@@ -302,7 +339,7 @@ def import_proposals_cmd(
     summary = batchfiles.import_proposals(engine, settings, path, model=model,
                                           prompt_version=prompt_version)
     for problem in summary.report.problems[:20]:
-        err.print(f"[yellow]skipped[/yellow] {problem}", highlight=False)
+        err.print(f"skipped {problem}", highlight=False)
     out.print(f"import: {summary.line()}")
     if apply:
         _print_apply(enrich.apply(engine, settings))
@@ -336,4 +373,4 @@ def demo(
         out.print("no model server configured (SIRA_LLM__URL): enrichment skipped, "
                   "searching plain BM25")
     for text in list(load_queries(SAMPLE / "queries.jsonl").values())[:queries]:
-        _print_hits(search(engine, settings.index.name, text, size=5))
+        _print_hits(search(engine, settings, text, size=5))

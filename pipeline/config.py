@@ -60,6 +60,7 @@ class LLMSettings(BaseModel):
     completions_batch: int = Field(default=16, ge=1)
     connect_timeout: float = 10.0
     read_timeout: float = 180.0
+    search_timeout: float = 10.0  # the query-side sketch: one attempt, then search without it
     max_attempts: int = Field(default=5, ge=1)  # per request, for 429/5xx/timeouts
     max_tokens: int = 512
     temperature: float = 0.0

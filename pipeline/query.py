@@ -1,13 +1,75 @@
-"""Query side: search the index. Plain BM25 for now; the expansion clause, the sketch and the
-stored template build on the same result types."""
+"""Query side: optional expected-answer sketch from the model, DF validation against the
+enriched index, and one weighted two-clause BM25 query:
+
+    score(d) = BM25(q_orig, d) + w * BM25(q_exp, d)
+
+over ``contents`` (title + text) and the enrichment fields of the chosen classes. The same
+query is stored in the engine as a search template (``mappings/search-template.mustache``) for
+Kibana / OpenSearch Dashboards users; ``build_query`` here produces what it renders.
+
+Caller phrasings (``also``): several query strings for one search, each ranked by the same
+query, fused by reciprocal rank with equal weight.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
-from pipeline.engine import Engine
+from pipeline import dfstats, terms
+from pipeline.config import Settings
+from pipeline.engine import Engine, mappings_dir
+from pipeline.llm import ModelClient
+from pipeline.prompts import query_prompt
 
+TEMPLATE_ID = "sira-two-clause"
 TEXT_FIELD = "contents"  # title + text as one field (copy_to), as Pyserini's BEIR "flat" index
+Classes = Literal["both", "echo", "bridge", "none"]
+RRF_K = 60
+LEAF = re.compile(r"weight\((\w+):(.+?) in \d+\)")
+
+
+def fields_for(classes: Classes) -> list[str]:
+    """Scored fields: the enrichment fields of the chosen classes, then title + text."""
+    enrich = {"both": ["enrich_echo", "enrich_bridge"], "echo": ["enrich_echo"],
+              "bridge": ["enrich_bridge"], "none": []}[classes]
+    return [*enrich, TEXT_FIELD]
+
+
+def build_query(text: str, expansion: Sequence[str] = (), *, w: float = 0.5, size: int = 10,
+                classes: Classes = "both") -> dict:
+    """The search body the stored template renders for the same parameters (with w = 0 the
+    expansion clause is left out, so the ranking is exactly the literal query's)."""
+    fields = fields_for(classes)
+    should: list[dict] = [{"multi_match": {"_name": "literal", "query": text,
+                                           "type": "most_fields", "fields": fields}}]
+    if w:
+        should += [{"multi_match": {"_name": "expansion", "query": term, "type": "most_fields",
+                                    "fields": fields, "boost": w}} for term in expansion]
+    should.append({"match_none": {}})
+    return {"size": size, "query": {"bool": {"should": should}}}
+
+
+def template_params(text: str, expansion: Sequence[str] = (), *, w: float = 0.5,
+                    size: int = 10, classes: Classes = "both") -> dict:
+    params: dict = {"query": text, "expansion": list(expansion), "w": w, "size": size}
+    if classes in ("echo", "none"):
+        params["skip_bridge"] = True
+    if classes in ("bridge", "none"):
+        params["skip_echo"] = True
+    return params
+
+
+def install_template(engine: Engine) -> str:
+    source = mappings_dir().joinpath("search-template.mustache").read_text("utf-8")
+    engine.put_search_template(TEMPLATE_ID, source)
+    return TEMPLATE_ID
+
+
+# -- results -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -16,6 +78,14 @@ class Hit:
     score: float
     title: str
     text: str
+    matched_queries: list[str] = field(default_factory=list)
+    matched_terms: dict[str, list[str]] = field(default_factory=dict)  # field -> terms
+
+
+@dataclass
+class DroppedTerm:
+    term: str
+    reason: str
 
 
 @dataclass
@@ -24,20 +94,164 @@ class SearchResult:
     hits: list[Hit]
     took_ms: int
     total: int
+    also: list[str] = field(default_factory=list)
+    sketch: list[str] | None = None  # what the model proposed, before validation
+    expansion: list[str] = field(default_factory=list)  # what took part
+    dropped: list[DroppedTerm] = field(default_factory=list)
+    expansion_note: str | None = None  # why there is no expansion, if there is none
+    cap: int | None = None
+    model_ms: int | None = None
 
 
-def bm25_query(text: str) -> dict:
-    return {"match": {TEXT_FIELD: {"query": text}}}
+# -- validation ----------------------------------------------------------------------------
 
 
-def search(engine: Engine, index: str, text: str, *, size: int = 10) -> SearchResult:
-    """Plain BM25 over title + text."""
-    response = engine.search(
-        index, {"query": bm25_query(text), "size": size, "_source": ["title", "text"]}
-    )
-    hits = [
-        Hit(h["_id"], float(h["_score"]), h["_source"].get("title", ""),
-            h["_source"].get("text", ""))
-        for h in response["hits"]["hits"]
-    ]
-    return SearchResult(text, hits, int(response["took"]), int(response["hits"]["total"]["value"]))
+def active_cap(engine: Engine, index: str, settings: Settings) -> int | None:
+    """The DF cap ``sira enrich``/``refilter`` last applied, else one from the settings
+    (the rank policy needs the collection's statistics, so it then means no cap)."""
+    meta = engine.get_meta(index).get("sira_filter")
+    if meta:
+        return meta.get("cap")
+    policy = dfstats.Policy.from_settings(settings.enrich)
+    if policy.kind == "rank":
+        return None
+    return policy.cap(engine.count(index), [])
+
+
+def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None, max_n: int
+             ) -> tuple[list[str], list[DroppedTerm]]:
+    """Keep a phrase when some 1..max_n-word part of it has 0 < DF <= cap in the enriched
+    index; one request for all the parts of all the phrases."""
+    norms = terms.normalize(engine, index, list(phrases))
+    unique: list[tuple[str, str]] = []
+    dropped: list[DroppedTerm] = []
+    seen: set[str] = set()
+    for phrase, norm in zip(phrases, norms, strict=True):
+        if not norm:
+            dropped.append(DroppedTerm(phrase, "nothing left after analysis (stopwords only)"))
+        elif norm in seen:
+            dropped.append(DroppedTerm(phrase, "duplicate"))
+        else:
+            seen.add(norm)
+            unique.append((phrase, norm))
+    parts = {phrase: terms.ngrams(terms.words(phrase), max_n) for phrase, _ in unique}
+    candidates = {p.lower(): p for ps in parts.values() for p in ps}
+    df = dfstats.document_frequencies(engine, index, candidates, "text",
+                                      fields=dfstats.ENRICHED_FIELDS)
+    kept = []
+    for phrase, _ in unique:
+        dfs = [df[p.lower()] for p in parts[phrase]]
+        if any(0 < d and dfstats.keeps(d, cap) for d in dfs):
+            kept.append(phrase)
+        elif all(d == 0 for d in dfs):
+            dropped.append(DroppedTerm(phrase, "not in the index (DF 0)"))
+        else:
+            dropped.append(DroppedTerm(phrase, f"too common (DF {max(dfs)} > cap {cap})"))
+    return kept, dropped
+
+
+# -- search --------------------------------------------------------------------------------
+
+
+def _hits(response: dict) -> list[Hit]:
+    return [Hit(h["_id"], float(h["_score"] or 0.0), h["_source"].get("title", ""),
+                h["_source"].get("text", ""), list(h.get("matched_queries", [])),
+                _matched_terms(h.get("_explanation")))
+            for h in response["hits"]["hits"]]
+
+
+def _matched_terms(explanation: dict | None) -> dict[str, list[str]]:
+    """field -> analysed terms that scored, from the engine's explanation tree."""
+    found: dict[str, list[str]] = {}
+
+    def walk(node: dict) -> None:
+        match = LEAF.match(node.get("description", ""))
+        if match and node.get("value", 0) > 0:
+            bucket = found.setdefault(match.group(1), [])
+            if match.group(2) not in bucket:
+                bucket.append(match.group(2))
+            return
+        for child in node.get("details", []):
+            walk(child)
+
+    if explanation:
+        walk(explanation)
+    return found
+
+
+def rrf(rankings: list[list[Hit]], size: int, k: int = RRF_K) -> list[Hit]:
+    """Reciprocal rank fusion, every ranking weighted the same."""
+    fused: dict[str, float] = {}
+    first: dict[str, Hit] = {}
+    for ranking in rankings:
+        for rank, hit in enumerate(ranking, start=1):
+            fused[hit.id] = fused.get(hit.id, 0.0) + 1.0 / (k + rank)
+            first.setdefault(hit.id, hit)
+    order = sorted(fused, key=lambda d: (-fused[d], d))[:size]
+    return [Hit(**{**first[d].__dict__, "score": fused[d]}) for d in order]
+
+
+def search(
+    engine: Engine,
+    settings: Settings,
+    text: str,
+    *,
+    also: Sequence[str] = (),
+    expand: bool = False,
+    expansion: Sequence[str] | None = None,
+    client: ModelClient | None = None,
+    w: float = 0.5,
+    size: int = 10,
+    classes: Classes = "both",
+    explain: bool = False,
+) -> SearchResult:
+    """Search the enriched index. ``expand``: ask the model for a sketch; ``expansion``:
+    sketch terms given by the caller (e.g. recorded); either way they are validated against
+    the index first. ``also``: more phrasings of the same need, fused with equal weight."""
+    index = settings.index.name
+    result = SearchResult(text, [], 0, 0, also=list(also))
+    sketch: list[str] | None = list(expansion) if expansion is not None else None
+    if expand and sketch is None:
+        sketch, result.model_ms, result.expansion_note = _sketch(settings, client, text)
+    result.sketch = sketch
+    if sketch:
+        result.cap = active_cap(engine, index, settings)
+        result.expansion, result.dropped = validate(engine, index, sketch,
+                                                    result.cap, settings.index.max_ngram)
+        if not result.expansion:
+            result.expansion_note = "no sketch term passed validation"
+    elif expand and result.expansion_note is None:
+        result.expansion_note = "the model proposed no terms"
+
+    bodies = [build_query(text, result.expansion, w=w, size=size, classes=classes)]
+    bodies += [build_query(a, (), size=size, classes=classes) for a in also]
+    for body in bodies:
+        body["_source"] = ["title", "text"]
+        body["explain"] = explain
+    responses = engine.msearch(index, bodies)
+    for response in responses:
+        if "error" in response:
+            raise RuntimeError(f"search failed: {response['error']}")
+    result.took_ms = sum(int(r["took"]) for r in responses)
+    result.total = int(responses[0]["hits"]["total"]["value"])
+    rankings = [_hits(r) for r in responses]
+    result.hits = rankings[0] if len(rankings) == 1 else rrf(rankings, size)
+    return result
+
+
+def _sketch(settings: Settings, client: ModelClient | None, text: str
+            ) -> tuple[list[str] | None, int | None, str | None]:
+    """(terms, model milliseconds, note). A model that fails or times out only costs the
+    expansion: the search goes on with the literal query."""
+    if client is None:
+        if not settings.llm.url:
+            return None, None, "expansion skipped: no model server configured (SIRA_LLM__URL)"
+        client = ModelClient(settings.llm.model_copy(update={
+            "read_timeout": settings.llm.search_timeout, "max_attempts": 1}))
+    prompt = query_prompt(settings.enrich.max_terms, settings.index.max_ngram)
+    started = time.monotonic()
+    answer = client.keywords(prompt, [("query", text)])[0]
+    elapsed = int((time.monotonic() - started) * 1000)
+    if not answer.ok:
+        return None, elapsed, f"expansion skipped: {answer.reason}"
+    return answer.keywords, elapsed, None

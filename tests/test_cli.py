@@ -63,7 +63,7 @@ def test_index_then_search(engine: Engine, corpus: Path, monkeypatch: pytest.Mon
 
         found = runner.invoke(app, ["--index", index, "search", "backup snapshots", "--json"])
         assert found.exit_code == 0, found.output
-        hits = json.loads(found.stdout.strip().splitlines()[-1])
+        hits = json.loads(found.stdout)["hits"]
         assert [h["id"] for h in hits] == ["n3"]
         if "SIRA_ENGINE__PASSWORD" in env:
             assert env["SIRA_ENGINE__PASSWORD"] not in result.output + found.output
@@ -192,5 +192,41 @@ def test_enrich_refilter_stats_commands(opensearch: Engine, monkeypatch: pytest.
             assert figures["documents_with_proposals"] == 6
             assert figures["proposals_per_doc"] == 2.0 and figures["kept_per_doc"] == 1.0
             assert figures["policies"]["rank K=1"]["distinct_terms_dropped"] == 1
+        finally:
+            opensearch.delete_index(index)
+
+
+def test_search_with_expansion_explain_and_template(opensearch: Engine,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    engine_env(opensearch, monkeypatch)
+    index = f"test-search-{uuid.uuid4().hex[:8]}"
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(
+        json.dumps({"_id": "a", "title": "Heap", "text": "JVM memory settings"}) + "\n"
+        + json.dumps({"_id": "b", "title": "Snapshots", "text": "copies to object storage"})
+        + "\n")
+    answers = {"Heap": ["garbage collector"], "Snapshots": ["backup"],
+               "": ["backup", "nonexistent words"]}
+    with FakeModelServer(answers) as model:
+        monkeypatch.setenv("SIRA_LLM__URL", model.url)
+        try:
+            runner.invoke(app, ["--index", index, "index", str(corpus)])
+            assert runner.invoke(app, ["--index", index, "enrich", "--policy", "none"]
+                                 ).exit_code == 0
+            result = runner.invoke(app, ["--index", index, "search", "keep a copy safe",
+                                         "--expand", "--explain", "--w", "1"])
+            assert result.exit_code == 0, result.output
+            assert "sketch: ['backup', 'nonexistent words']" in result.output
+            assert "expansion: ['backup']" in result.output
+            assert "dropped 'nonexistent words': not in the index (DF 0)" in result.output
+            assert "1. b [literal, expansion] contents: copi; enrich_bridge: backup" in result.output
+
+            as_json = runner.invoke(app, ["--index", index, "search", "memory", "--json"])
+            payload = json.loads(as_json.stdout)
+            assert payload["hits"][0]["id"] == "a" and payload["sketch"] is None
+
+            installed = runner.invoke(app, ["--index", index, "template", "install"])
+            assert installed.exit_code == 0 and "sira-two-clause" in installed.output
         finally:
             opensearch.delete_index(index)

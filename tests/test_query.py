@@ -1,0 +1,168 @@
+"""The query side against real engines: the stored template, DF validation of sketches, the
+two-clause query, caller phrasings, and a model that times out."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from fake_model import FakeModelServer
+
+from pipeline import enrich, query
+from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
+from pipeline.engine import Engine
+from pipeline.jobs import to_index_doc
+from pipeline.llm import ModelClient
+from pipeline.loaders import Document
+
+DOCS = [
+    ("heap", "Heap sizing", "Give the JVM half of the memory and keep it under 31 GB."),
+    ("disk", "Disk watermarks", "Past the flood stage the index becomes read only."),
+    ("bulk", "Bulk indexing", "Send bulk requests and back off on 429 responses."),
+    ("snap", "Snapshots", "Register a repository and take snapshots to object storage."),
+    ("merge", "Force merge", "Merge segments of read only indices to save memory."),
+]
+PROPOSALS = {"heap": ["garbage collection", "Xmx"], "disk": ["disk full", "read-only block"],
+             "bulk": ["throttling"], "snap": ["backup", "S3"], "merge": ["segment count"]}
+
+
+def build(engine: Engine, name: str, shards: int = 1) -> Settings:
+    settings = Settings(index=IndexSettings(name=name, shards=shards),
+                        enrich=EnrichSettings(policy="none"))
+    engine.create_index(settings.index)
+    engine.bulk_index(name, [to_index_doc(Document(i, t, x)) for i, t, x in DOCS])
+    engine.refresh(name)
+    sources = engine.mget(name, list(PROPOSALS), source=enrich.DOC_SOURCE)
+    enrich.store_proposals(engine, name, PROPOSALS, sources, model="m", prompt_version="p",
+                           stance="new+key")
+    enrich.apply(engine, settings)
+    return settings
+
+
+@pytest.fixture
+def enriched(engine: Engine) -> Iterator[tuple[Engine, Settings]]:
+    name = f"test-q-{uuid.uuid4().hex[:8]}"
+    settings = build(engine, name)
+    yield engine, settings
+    engine.delete_index(name)
+
+
+def ids(result: query.SearchResult) -> list[str]:
+    return [h.id for h in result.hits]
+
+
+INJECTIONS = [
+    'read "only" index',
+    "memory \\ back\\slash",
+    "{braces} } { memory",
+    "{{size}} {{#w}}x{{/w}} memory }}",
+    "line one\nread only\r\n\tindex",
+]
+
+
+def test_template_matches_python_query_and_resists_injection(enriched: tuple[Engine, Settings]
+                                                             ) -> None:
+    engine, settings = enriched
+    index = settings.index.name
+    if not engine.capabilities.search_templates:
+        with pytest.raises(Exception, match="mustache|script_lang|lang"):
+            query.install_template(engine)
+        # the Python path, which the CLI and bench use, works without templates
+        assert ids(query.search(engine, settings, "read only index"))[:1] == ["disk"]
+        return
+    query.install_template(engine)
+    cases = [("read only index", [], "both"), ("memory", ["garbage collection"], "both"),
+             ("memory", ["backup", "S3"], "bridge"), ("bulk", ["disk full"], "echo")]
+    cases += [(text, ["backup"], "both") for text in INJECTIONS]
+    for text, expansion, classes in cases:
+        params = query.template_params(text, expansion, w=0.7, size=5, classes=classes)
+        rendered = engine.render_search_template(query.TEMPLATE_ID, params)
+        literal = rendered["query"]["bool"]["should"][0]["multi_match"]
+        assert literal["query"] == text  # the text arrives as text, whatever it holds
+        python = query.build_query(text, expansion, w=0.7, size=5, classes=classes)
+        assert literal["fields"] == python["query"]["bool"]["should"][0]["multi_match"]["fields"]
+        via_template = engine.search_template(index, query.TEMPLATE_ID, params)["hits"]["hits"]
+        via_python = engine.search(index, python)["hits"]["hits"]
+        assert [(h["_id"], round(h["_score"], 4)) for h in via_template] == \
+            [(h["_id"], round(h["_score"], 4)) for h in via_python], text
+    assert [h["_id"] for h in engine.search_template(
+        index, query.TEMPLATE_ID, query.template_params(INJECTIONS[0]))["hits"]["hits"]][0] \
+        == "disk"
+
+
+def test_w_zero_is_plain_bm25_and_expansion_helps(enriched: tuple[Engine, Settings]) -> None:
+    engine, settings = enriched
+    index = settings.index.name
+    plain = engine.search(index, {"query": {"multi_match": {
+        "query": "memory", "type": "most_fields",
+        "fields": ["enrich_echo", "enrich_bridge", "contents"]}}})["hits"]["hits"]
+    zero = query.search(engine, settings, "memory", expansion=["backup"], w=0.0)
+    assert [(h.id, round(h.score, 5)) for h in zero.hits] == \
+        [(h["_id"], round(h["_score"], 5)) for h in plain]
+    assert ids(zero)[:2] == ["heap", "merge"] or ids(zero)[:2] == ["merge", "heap"]
+    expanded = query.search(engine, settings, "memory", expansion=["backup"], w=2.0)
+    assert "snap" in ids(expanded)  # found through the bridge term "backup" only
+    assert "snap" not in ids(zero)
+
+
+def test_enrichment_classes_and_explain(enriched: tuple[Engine, Settings]) -> None:
+    engine, settings = enriched
+    assert ids(query.search(engine, settings, "garbage collection"))[:1] == ["heap"]
+    assert ids(query.search(engine, settings, "garbage collection", classes="none")) == []
+    hit = query.search(engine, settings, "garbage collection memory", explain=True).hits[0]
+    assert hit.id == "heap" and hit.matched_queries == ["literal"]
+    assert set(hit.matched_terms) == {"enrich_bridge", "contents"}
+    assert hit.matched_terms["contents"] == ["memori"] if engine.capabilities.stemming \
+        else hit.matched_terms["contents"] == ["memory"]
+
+
+def test_caller_phrasings_are_fused(enriched: tuple[Engine, Settings]) -> None:
+    engine, settings = enriched
+    alone = query.search(engine, settings, "object storage")
+    fused = query.search(engine, settings, "object storage", also=["flood stage"])
+    assert ids(alone) == ["snap"]
+    assert set(ids(fused)) == {"snap", "disk"}
+    assert fused.hits[0].score == pytest.approx(fused.hits[1].score)  # equal weight, rank 1
+
+
+def test_validation_on_a_multi_shard_index(cluster: Engine) -> None:
+    name = f"test-v-{uuid.uuid4().hex[:8]}"
+    build(cluster, name, shards=3)
+    try:
+        kept, dropped = query.validate(cluster, name, [
+            "memory", "read only", "zebra crossing", "the of", "Xmx heap", "MEMORY"],
+            cap=1, max_n=2)
+        reasons = {d.term: d.reason for d in dropped}
+        assert kept == ["Xmx heap"]  # "xmx" is in one document's enrichment: 0 < DF <= 1
+        assert reasons["memory"] == "too common (DF 2 > cap 1)"
+        assert reasons["read only"].startswith("too common")
+        assert reasons["zebra crossing"] == "not in the index (DF 0)"
+        assert "stopwords" in reasons["the of"]
+        assert reasons["MEMORY"] == "duplicate"
+        kept, _ = query.validate(cluster, name, ["memory", "read only"], cap=None, max_n=2)
+        assert kept == ["memory", "read only"]
+    finally:
+        cluster.delete_index(name)
+
+
+def test_model_timeout_falls_back_to_plain_search(enriched: tuple[Engine, Settings]) -> None:
+    engine, settings = enriched
+    answers = {"": ["garbage collection", "unknown term"]}
+    with FakeModelServer(answers, slow_seconds=2.0) as model:
+        llm = LLMSettings(url=model.url, read_timeout=0.5, max_attempts=1)
+        fast = ModelClient(llm, backoff=0.01)
+        slow_query = "FAULT:slow how much memory"
+        result = query.search(engine, settings, slow_query, expand=True, client=fast)
+        assert result.expansion == [] and result.sketch is None
+        assert "expansion skipped" in result.expansion_note
+        assert "timed out" in result.expansion_note
+        plain = query.search(engine, settings, slow_query)
+        assert ids(result) == ids(plain) and ids(plain)
+
+        model.answers = {"": ["garbage collection", "unknown term"]}
+        ok = query.search(engine, settings, "how much memory", expand=True, client=fast)
+        assert ok.sketch == ["garbage collection", "unknown term"]
+        assert ok.expansion == ["garbage collection"]
+        assert [d.term for d in ok.dropped] == ["unknown term"]
+        assert ids(ok)[0] == "heap"
