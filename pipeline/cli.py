@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -345,6 +346,55 @@ def import_proposals_cmd(
         _print_apply(enrich.apply(engine, settings))
     if summary.report.skipped or summary.rejected:
         raise typer.Exit(1)
+
+
+# -- bench ---------------------------------------------------------------------------------
+
+
+@app.command("bench")
+def bench_cmd(
+    ctx: typer.Context,
+    dataset: Annotated[Path, typer.Option(help="A BEIR folder (corpus.jsonl, queries.jsonl, "
+                                          "qrels/).")],
+    proposals: Annotated[Path | None, typer.Option(help='Recorded proposals: JSONL '
+                                                   '{"doc_id", "terms"} or run-batch output.')]
+    = None,
+    sketches: Annotated[Path | None, typer.Option(help='Recorded sketches: JSONL '
+                                                  '{"query_id", "terms"}.')] = None,
+    split: Annotated[str, typer.Option(help="The split reported.")] = "test",
+    dev_split: Annotated[str | None, typer.Option(help="The split tuned on (default: dev, "
+                                                  "else train, else held-aside queries).")]
+    = None,
+    k1: Annotated[float, typer.Option(help="BM25 k1 (Pyserini BEIR: 0.9).")] = 0.9,
+    b: Annotated[float, typer.Option(help="BM25 b (Pyserini BEIR: 0.4).")] = 0.4,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where the JSON, Markdown and PNG "
+                                          "go.")] = Path("bench-results"),
+    recreate: Annotated[bool, typer.Option(help="Rebuild the index even if it matches.")]
+    = False,
+) -> None:
+    """Measure every configuration on a BEIR collection; print a Markdown table."""
+    from pipeline import bench
+
+    settings = _settings(ctx)
+    settings.index = settings.index.model_copy(update={"bm25_k1": k1, "bm25_b": b})
+    key = bench.bench_key(dataset, proposals, settings)
+    settings.index = settings.index.model_copy(update={"name": f"bench-{dataset.name}-{key}"})
+    engine = _connect(settings)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True) as progress:
+        def track(label: str, total: int | None) -> Callable[[], None]:
+            task = progress.add_task(label, total=total)
+            return lambda: progress.advance(task)
+
+        try:
+            report, runs = bench.bench(engine, settings, dataset, proposals=proposals,
+                                       sketches_path=sketches, split=split,
+                                       dev_split=dev_split, recreate=recreate, progress=track)
+        except CorpusError as exc:
+            raise _fail(str(exc)) from exc
+    paths = bench.write(report, runs, out_dir)
+    out.print(bench.markdown(report))
+    out.print(f"\nwrote {paths['json']}, {paths['md']}, {paths['png']}")
 
 
 @app.command("demo")

@@ -335,8 +335,10 @@ class Engine:
         return {d["_id"]: d.get("_source", {}) for d in docs if d.get("found")}
 
     def put_meta(self, index: str, meta: dict) -> None:
-        """Replace the index's ``_meta`` (collection-level facts such as the active filter)."""
-        self.client.indices.put_mapping(index=index, body={"_meta": meta})
+        """Merge ``meta`` into the index's ``_meta`` (collection-level facts such as the
+        active filter); the engine replaces ``_meta`` whole, so the rest is read first."""
+        self.client.indices.put_mapping(index=index,
+                                        body={"_meta": {**self.get_meta(index), **meta}})
 
     def get_meta(self, index: str) -> dict:
         return dict(self.get_mapping(index).get("_meta", {}))

@@ -191,12 +191,13 @@ class ApplySummary:
 
 
 def apply(engine: Engine, settings: Settings, policy: dfstats.Policy | None = None,
-          basis: DfBasis | None = None) -> ApplySummary:
-    """Write the enrichment fields of every proposed document under ``policy``."""
+          basis: DfBasis | None = None, table: TermTable | None = None) -> ApplySummary:
+    """Write the enrichment fields of every proposed document under ``policy``. ``table``:
+    statistics computed before (the bench tries many policies on the same proposals)."""
     index = settings.index.name
     policy = policy or dfstats.Policy.from_settings(settings.enrich)
     basis = basis or settings.enrich.df_basis
-    table = term_table(engine, index, basis)
+    table = table or term_table(engine, index, basis)
     cap = policy.cap(table.n_docs, table.df.values())
     summary = ApplySummary(policy.describe(), basis, cap, documents=table.n_docs)
     at = now_iso()

@@ -118,10 +118,11 @@ def active_cap(engine: Engine, index: str, settings: Settings) -> int | None:
     return policy.cap(engine.count(index), [])
 
 
-def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None, max_n: int
+def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None, max_n: int,
+             fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS)
              ) -> tuple[list[str], list[DroppedTerm]]:
-    """Keep a phrase when some 1..max_n-word part of it has 0 < DF <= cap in the enriched
-    index; one request for all the parts of all the phrases."""
+    """Keep a phrase when some 1..max_n-word part of it has 0 < DF <= cap in ``fields``
+    (default: the enriched index); one request for all the parts of all the phrases."""
     norms = terms.normalize(engine, index, list(phrases))
     unique: list[tuple[str, str]] = []
     dropped: list[DroppedTerm] = []
@@ -136,8 +137,7 @@ def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None
             unique.append((phrase, norm))
     parts = {phrase: terms.ngrams(terms.words(phrase), max_n) for phrase, _ in unique}
     candidates = {p.lower(): p for ps in parts.values() for p in ps}
-    df = dfstats.document_frequencies(engine, index, candidates, "text",
-                                      fields=dfstats.ENRICHED_FIELDS)
+    df = dfstats.document_frequencies(engine, index, candidates, "text", fields=list(fields))
     kept = []
     for phrase, _ in unique:
         dfs = [df[p.lower()] for p in parts[phrase]]

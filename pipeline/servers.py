@@ -443,7 +443,7 @@ def start(
     if kind == "opensearch" and security:
         raise EngineError("the OpenSearch runner has no security plugin: start it without")
     version = version or DEFAULT_VERSIONS[kind]
-    heap_mb = heap_mb or (512 if nodes == 1 else 384 * nodes)
+    heap_mb = heap_mb or (1024 if nodes == 1 else 512 * nodes)
     if kind == "opensearch":
         # the runner only hands out HTTP ports up to 9299
         if port is not None and not OPENSEARCH_PORTS[0] <= port <= OPENSEARCH_PORTS[1] - nodes + 1:

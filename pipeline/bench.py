@@ -1,0 +1,479 @@
+"""``sira bench``: the evaluation instrument.
+
+Indexes a BEIR collection (or reuses the index it built before for the same inputs and
+settings), imports recorded proposals through the same code path as ``import-proposals``, and
+runs named configurations over the same queries:
+
+- ``bm25``: plain BM25 on title + text (``contents``);
+- ``doc``: the enriched index, literal query only (no model at search time);
+- ``doc:echo`` / ``doc:bridge``: one class of enrichment terms;
+- ``doc+query``: the enriched index plus the validated query sketch, weight ``w``;
+- ``query``: the sketch over the un-enriched text;
+- ``doc[none]``, ``doc[ratio]``, ``doc[absolute]``, ``doc[rank]``: the filter policies.
+
+Parameters chosen by search (K, ratio, cap, w, max_n) are chosen on a dev split — the
+collection's ``train``/``dev`` qrels, or else a fixed, documented part of the test queries held
+aside (then the report covers only the rest) — and reported on the test split.
+
+Measures come from ``ir_measures`` (trec_eval underneath): Recall@10, Recall@100, nDCG@10,
+MRR@10; noise@10 = 1 - P@10. Against ``bm25``: queries whose first relevant hit moved up or
+down, and a paired bootstrap 95 % interval of the difference in Recall@10 and nDCG@10.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ir_measures
+import numpy as np
+from ir_measures import RR, P, R, nDCG
+
+from pipeline import batchfiles, dfstats, enrich, query
+from pipeline.config import Settings
+from pipeline.engine import Engine, mappings_dir
+from pipeline.jobs import index_corpus
+from pipeline.loaders import CorpusError, beir_split, load_queries
+
+MEASURES = {"R@10": R @ 10, "R@100": R @ 100, "nDCG@10": nDCG @ 10, "MRR@10": RR @ 10,
+            "P@10": P @ 10}
+DEPTH = 100
+BOOTSTRAP = 10_000
+HELD_ASIDE = 0.3  # share of the test queries used as dev when a collection has no dev qrels
+W_GRID = [0.1, 0.2, 0.3, 0.5, 0.7, 1.0]
+MAX_N_GRID = [1, 2]
+K_GRID = [0, 10, 25, 50, 100, 200, 400]
+RATIO_GRID = [0.001, 0.0025, 0.005, 0.01, 0.05]
+CAP_GRID = [5, 10, 20, 50, 100]
+
+Run = dict[str, list[tuple[str, float]]]  # query id -> ranked (doc id, score)
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    classes: query.Classes = "both"
+    sketch: bool = False
+    policy: str | None = None  # a policy kind to apply first; None = the tuned default
+    needs_proposals: bool = True
+
+
+CONFIGS = [
+    Config("bm25", classes="none", needs_proposals=False),
+    Config("doc"),
+    Config("doc:echo", classes="echo"),
+    Config("doc:bridge", classes="bridge"),
+    Config("doc+query", sketch=True),
+    Config("query", classes="none", sketch=True, needs_proposals=False),
+    Config("doc[none]", policy="none"),
+    Config("doc[ratio]", policy="ratio"),
+    Config("doc[absolute]", policy="absolute"),
+    Config("doc[rank]", policy="rank"),
+]
+
+
+# -- inputs --------------------------------------------------------------------------------
+
+
+def _file_key(path: Path | None) -> str:
+    if path is None:
+        return "-"
+    stat = path.stat()
+    return f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
+
+
+def bench_key(dataset: Path, proposals: Path | None, settings: Settings) -> str:
+    mapping_text = "".join(mappings_dir().joinpath(n).read_text("utf-8") for n in
+                           ("index.json", "analysis-english.json",
+                            "analysis-english-nostem.json"))
+    parts = [_file_key(dataset / "corpus.jsonl"), _file_key(proposals), mapping_text,
+             settings.index.bm25_k1, settings.index.bm25_b, settings.index.max_ngram,
+             settings.enrich.df_basis]
+    return hashlib.sha1(json.dumps(parts, default=str).encode()).hexdigest()[:10]
+
+
+def load_sketches(path: Path, known: set[str]) -> dict[str, list[str]]:
+    """``{"query_id", "terms"}`` lines; a malformed line or an unknown query id is an error
+    that names the line."""
+    sketches: dict[str, list[str]] = {}
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise CorpusError(f"{path}:{lineno}: not a JSON line ({exc})") from exc
+            if not isinstance(obj, dict) or "query_id" not in obj or not isinstance(
+                    obj.get("terms"), list):
+                raise CorpusError(f'{path}:{lineno}: expected {{"query_id", "terms": [...]}}')
+            qid = str(obj["query_id"])
+            if qid not in known:
+                raise CorpusError(f"{path}:{lineno}: unknown query id {qid!r}")
+            sketches[qid] = [t for t in obj["terms"] if isinstance(t, str) and t.strip()]
+    return sketches
+
+
+@dataclass
+class Split:
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+
+
+def splits(dataset: Path, split: str, dev_split: str | None) -> tuple[Split, Split, str]:
+    """(test, dev, how the dev split was chosen)."""
+    test_q, test_qrels = beir_split(dataset, split)
+    for name in ([dev_split] if dev_split else ["dev", "train"]):
+        if (dataset / "qrels" / f"{name}.tsv").is_file():
+            dev_q, dev_qrels = beir_split(dataset, name)
+            return Split(test_q, test_qrels), Split(dev_q, dev_qrels), f"qrels/{name}.tsv"
+    ids = sorted(test_q)
+    random.Random(13).shuffle(ids)
+    dev_ids = set(ids[: int(len(ids) * HELD_ASIDE)])
+    dev = Split({q: test_q[q] for q in dev_ids}, {q: test_qrels[q] for q in dev_ids})
+    rest = Split({q: t for q, t in test_q.items() if q not in dev_ids},
+                 {q: r for q, r in test_qrels.items() if q not in dev_ids})
+    note = (f"no dev qrels: {len(dev_ids)} of {len(ids)} {split} queries held aside "
+            f"(seed 13, {HELD_ASIDE:.0%}); the report covers the other {len(rest.queries)}")
+    return rest, dev, note
+
+
+# -- running -------------------------------------------------------------------------------
+
+
+class Runner:
+    """Runs configurations over query sets against one bench index."""
+
+    def __init__(self, engine: Engine, settings: Settings, sketches: dict[str, list[str]]):
+        self.engine = engine
+        self.settings = settings
+        self.index = settings.index.name
+        self.sketches = sketches
+        self._validated: dict[tuple, list[str]] = {}
+
+    def expansion(self, qid: str, cap: int | None, max_n: int, enriched: bool) -> list[str]:
+        key = (qid, cap, max_n, enriched)
+        if key not in self._validated:
+            fields = dfstats.ENRICHED_FIELDS if enriched else dfstats.TEXT_FIELDS
+            kept, _ = query.validate(self.engine, self.index, self.sketches.get(qid, []), cap,
+                                     max_n, fields)
+            self._validated[key] = kept
+        return self._validated[key]
+
+    def run(self, config: Config, queries: dict[str, str], *, w: float = 0.5, max_n: int = 2,
+            cap: int | None = None, on_query: Callable[[], None] | None = None) -> Run:
+        qids = list(queries)
+        bodies = []
+        for qid in qids:
+            expansion = self.expansion(qid, cap, max_n, config.classes != "none") \
+                if config.sketch else []
+            body = query.build_query(queries[qid], expansion, w=w, size=DEPTH,
+                                     classes=config.classes)
+            body["_source"] = False
+            bodies.append(body)
+        run: Run = {}
+        for start in range(0, len(qids), 64):
+            responses = self.engine.msearch(self.index, bodies[start:start + 64])
+            for qid, response in zip(qids[start:start + 64], responses, strict=True):
+                if "error" in response:
+                    raise RuntimeError(f"query {qid} failed: {response['error']}")
+                run[qid] = [(h["_id"], float(h["_score"])) for h in response["hits"]["hits"]]
+                if on_query:
+                    on_query()
+        return run
+
+
+def per_query(run: Run, qrels: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+    """Every measure for every judged query (a query with no hits scores 0)."""
+    qrel_list = [ir_measures.Qrel(q, d, s) for q, docs in qrels.items() for d, s in docs.items()]
+    scored = [ir_measures.ScoredDoc(q, d, s) for q, hits in run.items() for d, s in hits]
+    names = {str(m): name for name, m in MEASURES.items()}
+    out = {q: dict.fromkeys(MEASURES, 0.0) for q in qrels}
+    for metric in ir_measures.iter_calc(list(MEASURES.values()), qrel_list, scored):
+        if metric.query_id in out:
+            out[metric.query_id][names[str(metric.measure)]] = float(metric.value)
+    for values in out.values():
+        values["noise@10"] = 1.0 - values.pop("P@10")
+    return out
+
+
+def mean(values: dict[str, dict[str, float]], measure: str) -> float:
+    return float(np.mean([v[measure] for v in values.values()])) if values else 0.0
+
+
+def paired_bootstrap(a: list[float], b: list[float], seed: int = 0) -> tuple[float, float]:
+    """95 % interval of mean(a - b) over resampled queries."""
+    diffs = np.asarray(a) - np.asarray(b)
+    if len(diffs) == 0:
+        return 0.0, 0.0
+    rng = np.random.default_rng(seed)
+    samples = rng.choice(diffs, size=(BOOTSTRAP, len(diffs)), replace=True).mean(axis=1)
+    low, high = np.percentile(samples, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def first_relevant(run: Run, qrels: dict[str, dict[str, int]]) -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
+    for qid, rels in qrels.items():
+        out[qid] = next((rank for rank, (doc, _) in enumerate(run.get(qid, []), start=1)
+                         if rels.get(doc, 0) > 0), None)
+    return out
+
+
+def moved(config_run: Run, base_run: Run, qrels: dict[str, dict[str, int]]) -> tuple[int, int]:
+    """Queries whose first relevant hit moved up / down against the baseline."""
+    far = DEPTH + 1
+    mine, base = first_relevant(config_run, qrels), first_relevant(base_run, qrels)
+    up = sum(1 for q in qrels if (mine[q] or far) < (base[q] or far))
+    down = sum(1 for q in qrels if (mine[q] or far) > (base[q] or far))
+    return up, down
+
+
+# -- the bench -----------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    dataset: str
+    engine: str
+    split: str
+    dev: str
+    settings: dict
+    chosen: dict = field(default_factory=dict)  # parameter -> {value, chosen_on, dev nDCG@10}
+    rows: dict = field(default_factory=dict)  # config -> summary figures
+    per_query: dict = field(default_factory=dict)  # config -> query id -> measures
+    skipped: dict = field(default_factory=dict)  # config -> why it did not run
+
+
+class Applier:
+    """Applies filter policies to the bench index; the DF statistics of the proposals are
+    computed once (the proposals do not change between policies)."""
+
+    def __init__(self, engine: Engine, settings: Settings):
+        self.engine, self.settings = engine, settings
+        self.table: enrich.TermTable | None = None
+        self.current: dfstats.Policy | None = None
+        self.cap: int | None = None
+
+    def __call__(self, policy: dfstats.Policy) -> int | None:
+        if policy != self.current:
+            if self.table is None:
+                self.table = enrich.term_table(self.engine, self.settings.index.name,
+                                               self.settings.enrich.df_basis)
+            self.cap = enrich.apply(self.engine, self.settings, policy, table=self.table).cap
+            self.current = policy
+        return self.cap
+
+
+def _tune(runner: Runner, apply: Applier, dev: Split, report: Report,
+          has_proposals: bool, has_sketches: bool, tick: Callable[[], None]) -> dict:
+    """Choose K / ratio / cap per policy, then w and max_n, by dev nDCG@10."""
+    best: dict = {}
+
+    def score(run: Run) -> float:
+        return mean(per_query(run, dev.qrels), "nDCG@10")
+
+    if has_proposals:
+        grids = {"rank": ("rank_k", K_GRID), "ratio": ("ratio", RATIO_GRID),
+                 "absolute": ("absolute_cap", CAP_GRID)}
+        for kind, (param, grid) in grids.items():
+            results = []
+            for value in grid:
+                policy = dfstats.Policy(kind, **{param: value})
+                apply(policy)
+                results.append((score(runner.run(Config("doc"), dev.queries)), value))
+                tick()
+            dev_score, value = max(results, key=lambda r: (r[0], -grid.index(r[1])))
+            best[kind] = dfstats.Policy(kind, **{param: value})
+            report.chosen[f"{kind}.{param}"] = {"value": value, "dev_nDCG@10": round(dev_score, 4)}
+        best["none"] = dfstats.Policy("none")
+    if has_sketches:
+        for name, classes in (("doc+query", "both"), ("query", "none")):
+            if classes == "both" and not has_proposals:
+                continue
+            cap = apply(best["rank"]) if has_proposals else None
+            results = []
+            for max_n in MAX_N_GRID:
+                for w in W_GRID:
+                    run = runner.run(Config(name, classes=classes, sketch=True), dev.queries,
+                                     w=w, max_n=max_n, cap=cap)
+                    results.append((score(run), w, max_n))
+                    tick()
+            dev_score, w, max_n = max(results, key=lambda r: (r[0], -r[1], -r[2]))
+            best[name] = (w, max_n)
+            report.chosen[f"{name}.w"] = {"value": w, "dev_nDCG@10": round(dev_score, 4)}
+            report.chosen[f"{name}.max_n"] = {"value": max_n}
+    for entry in report.chosen.values():
+        entry["chosen_on"] = report.dev
+    return best
+
+
+def tuning_steps(has_proposals: bool, has_sketches: bool) -> int:
+    steps = (len(K_GRID) + len(RATIO_GRID) + len(CAP_GRID)) if has_proposals else 0
+    if has_sketches:
+        steps += len(W_GRID) * len(MAX_N_GRID) * (2 if has_proposals else 1)
+    return steps
+
+
+def prepare_index(engine: Engine, settings: Settings, dataset: Path, proposals: Path | None,
+                  recreate: bool, on_doc: Callable[[], None] | None = None) -> bool:
+    """Build (or reuse) the bench index; True if it was built now."""
+    key = bench_key(dataset, proposals, settings)
+    index = settings.index.name
+    if not recreate and engine.index_exists(index) and \
+            engine.get_meta(index).get("bench_key") == key:
+        return False
+    summary = index_corpus(engine, settings, dataset, recreate=True, on_doc=on_doc)
+    if summary.load.skipped or summary.bulk.failed:
+        raise CorpusError(f"{dataset}: {summary.line()}")
+    if proposals:
+        imported = batchfiles.import_proposals(engine, settings, proposals)
+        if imported.report.skipped or imported.rejected:
+            first = imported.report.problems[:1] or imported.rejected[:1]
+            raise CorpusError(f"{proposals}: {imported.line()}; first problem: {first[0]}")
+    engine.put_meta(index, {"bench_key": key})
+    return True
+
+
+def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path | None,
+          sketches_path: Path | None, split: str = "test", dev_split: str | None = None,
+          recreate: bool = False, progress: Callable[[str, int | None], Callable[[], None]]
+          | None = None) -> tuple[Report, dict[str, Run]]:
+    """Run every configuration the inputs allow; tuned on dev, reported on ``split``."""
+    def noop() -> None:
+        return None
+
+    progress = progress or (lambda label, total: noop)
+    test, dev, dev_note = splits(dataset, split, dev_split)
+    all_queries = load_queries(dataset / "queries.jsonl")
+    sketches = load_sketches(sketches_path, set(all_queries)) if sketches_path else {}
+    prepare_index(engine, settings, dataset, proposals, recreate,
+                  progress("indexing", None))
+    has_proposals, has_sketches = proposals is not None, bool(sketches)
+    report = Report(dataset.name, engine.kind, split, dev_note, settings={
+        "bm25_k1": settings.index.bm25_k1, "bm25_b": settings.index.bm25_b,
+        "df_basis": settings.enrich.df_basis, "index": settings.index.name,
+        "stemming": engine.capabilities.stemming, "proposals": str(proposals or ""),
+        "sketches": str(sketches_path or ""), "queries": len(test.queries)})
+    runner = Runner(engine, settings, sketches)
+    apply = Applier(engine, settings)
+    best = _tune(runner, apply, dev, report, has_proposals, has_sketches,
+                 progress("tuning on dev", tuning_steps(has_proposals, has_sketches)))
+
+    runs: dict[str, Run] = {}
+    tick = progress("running configurations", None)
+    for config in CONFIGS:
+        if config.needs_proposals and not has_proposals:
+            report.skipped[config.name] = "no proposals given"
+            continue
+        if config.sketch and not has_sketches:
+            report.skipped[config.name] = "no sketches given"
+            continue
+        policy = best.get(config.policy or "rank") if has_proposals else None
+        cap = apply(policy) if policy else None
+        w, max_n = best.get(config.name, (0.5, 2)) if config.sketch else (0.5, 2)
+        runs[config.name] = runner.run(config, test.queries, w=w, max_n=max_n, cap=cap,
+                                       on_query=tick)
+        values = per_query(runs[config.name], test.qrels)
+        report.per_query[config.name] = values
+        row = {m: round(mean(values, m), 4) for m in
+               ("R@10", "R@100", "nDCG@10", "MRR@10", "noise@10")}
+        if policy:
+            row["policy"] = policy.describe()
+            row["cap"] = cap
+        if config.sketch:
+            row["w"], row["max_n"] = w, max_n
+        report.rows[config.name] = row
+    if has_proposals:
+        apply(best["rank"])  # leave the index in its default state
+
+    base = report.per_query.get("bm25", {})
+    qids = sorted(test.qrels)
+    for name, row in report.rows.items():
+        if name == "bm25" or not base:
+            continue
+        mine = report.per_query[name]
+        row["up"], row["down"] = moved(runs[name], runs["bm25"], test.qrels)
+        for measure in ("R@10", "nDCG@10"):
+            a = [mine[q][measure] for q in qids]
+            b = [base[q][measure] for q in qids]
+            low, high = paired_bootstrap(a, b)
+            row[f"d{measure}"] = round(float(np.mean(a) - np.mean(b)), 4)
+            row[f"d{measure} CI"] = [round(low, 4), round(high, 4)]
+    return report, runs
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+def markdown(report: Report) -> str:
+    head = ["config", "R@10", "R@100", "nDCG@10", "MRR@10", "noise@10", "ΔR@10 [95% CI]",
+            "ΔnDCG@10 [95% CI]", "up/down", "settings"]
+    lines = [f"**{report.dataset}** ({report.engine}, {report.split}: "
+             f"{report.settings['queries']} queries; dev: {report.dev})", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    def delta(row: dict, m: str) -> str:
+        if f"d{m}" not in row:
+            return "—"
+        low, high = row[f"d{m} CI"]
+        return f"{row[f'd{m}']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+    for name, row in report.rows.items():
+
+        extra = ", ".join(f"{k} {row[k]}" for k in ("policy", "cap", "w", "max_n") if k in row)
+        updown = f"{row['up']}/{row['down']}" if "up" in row else "—"
+        lines.append(f"| {name} | {row['R@10']:.3f} | {row['R@100']:.3f} | "
+                     f"{row['nDCG@10']:.3f} | {row['MRR@10']:.3f} | {row['noise@10']:.3f} | "
+                     f"{delta(row, 'R@10')} | {delta(row, 'nDCG@10')} | {updown} | {extra} |")
+    if report.chosen:
+        chosen = "; ".join(f"{k} = {v['value']}" for k, v in report.chosen.items())
+        lines += ["", f"Chosen on dev ({report.dev}): {chosen}."]
+    if report.skipped:
+        lines += ["", "Not run: " + "; ".join(f"{k} ({v})" for k, v in report.skipped.items())
+                  + "."]
+    return "\n".join(lines)
+
+
+def plot(report: Report, path: Path) -> None:
+    """Recall@10 per configuration with a bootstrap 95 % interval of its mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report.rows)
+    means, lows, highs = [], [], []
+    for i, name in enumerate(names):
+        values = [v["R@10"] for v in report.per_query[name].values()]
+        rng = np.random.default_rng(i)
+        samples = rng.choice(values, size=(2000, len(values))).mean(axis=1)
+        low, high = np.percentile(samples, [2.5, 97.5])
+        m = float(np.mean(values))
+        means.append(m)
+        lows.append(m - low)
+        highs.append(high - m)
+    fig, ax = plt.subplots(figsize=(max(6, len(names) * 0.9), 4))
+    ax.bar(names, means, yerr=[lows, highs], capsize=4, color="#4878a8")
+    ax.set_ylabel("Recall@10")
+    ax.set_title(f"{report.dataset} ({report.engine}, {report.split})")
+    ax.set_ylim(0, 1)
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write(report: Report, runs: dict[str, Run], out_dir: Path) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / f"{report.dataset}.json", "md": out_dir / f"{report.dataset}.md",
+             "png": out_dir / f"{report.dataset}.png"}
+    payload = {**report.__dict__, "runs": {n: {q: hits[:10] for q, hits in r.items()}
+                                           for n, r in runs.items()}}
+    paths["json"].write_text(json.dumps(payload, indent=1))
+    paths["md"].write_text(markdown(report) + "\n")
+    plot(report, paths["png"])
+    return paths
