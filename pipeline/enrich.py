@@ -148,6 +148,8 @@ class TermTable:
     status: dict[str, str]
     df: dict[str, int]  # norm -> DF under ``basis``
     basis: DfBasis
+    # doc id -> (enrich_echo, enrich_bridge) as stored now; apply() skips unchanged documents
+    written: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
 
 
 def term_table(engine: Engine, index: str, basis: DfBasis) -> TermTable:
@@ -155,11 +157,17 @@ def term_table(engine: Engine, index: str, basis: DfBasis) -> TermTable:
     per_doc: dict[str, list[dict]] = {}
     status: dict[str, str] = {}
     surfaces: dict[str, str] = {}
+    written: dict[str, tuple[list[str], list[str]]] = {}
     for hit in engine.scan(index, {"exists": {"field": "sira.proposed_hash"}},
-                           source=["sira_proposals.terms", "sira.status"]):
-        stored = hit["_source"].get("sira_proposals", {}).get("terms", [])
+                           source=["sira_proposals.terms", "sira.status", "enrich_echo",
+                                   "enrich_bridge"]):
+        source = hit["_source"]
+        stored = source.get("sira_proposals", {}).get("terms", [])
         per_doc[hit["_id"]] = stored
-        status[hit["_id"]] = hit["_source"].get("sira", {}).get("status", "")
+        status[hit["_id"]] = source.get("sira", {}).get("status", "")
+        if "enrich_echo" in source or "enrich_bridge" in source:
+            written[hit["_id"]] = (source.get("enrich_echo", []),
+                                   source.get("enrich_bridge", []))
         for t in stored:
             surfaces.setdefault(t["norm"], t["text"])
     if basis == "proposals":
@@ -167,7 +175,7 @@ def term_table(engine: Engine, index: str, basis: DfBasis) -> TermTable:
         df = {norm: counts.get(norm, 0) for norm in surfaces}
     else:
         df = dfstats.document_frequencies(engine, index, surfaces, basis)
-    return TermTable(engine.count(index), per_doc, status, df, basis)
+    return TermTable(engine.count(index), per_doc, status, df, basis, written)
 
 
 @dataclass
@@ -177,6 +185,7 @@ class ApplySummary:
     cap: int | None
     documents: int = 0
     enriched: int = 0
+    updated: int = 0  # documents written now (the others were already up to date)
     proposed_terms: int = 0
     kept: Counter[str] = field(default_factory=Counter)  # by class
     rejected: list[ItemFailure] = field(default_factory=list)
@@ -185,7 +194,8 @@ class ApplySummary:
         kept = sum(self.kept.values())
         cap = "none" if self.cap is None else str(self.cap)
         return (f"policy {self.policy} (DF basis {self.basis}, cap {cap}): "
-                f"{self.enriched}/{self.documents} documents enriched, kept {kept} of "
+                f"{self.enriched}/{self.documents} documents enriched ({self.updated} "
+                f"updated now), kept {kept} of "
                 f"{self.proposed_terms} terms (echo {self.kept['echo']}, "
                 f"bridge {self.kept['bridge']})")
 
@@ -201,20 +211,31 @@ def apply(engine: Engine, settings: Settings, policy: dfstats.Policy | None = No
     cap = policy.cap(table.n_docs, table.df.values())
     summary = ApplySummary(policy.describe(), basis, cap, documents=table.n_docs)
     at = now_iso()
-    updates = []
+    updates, pending = [], {}
     for doc_id, stored in table.per_doc.items():
         kept = [t for t in stored if dfstats.keeps(table.df.get(t["norm"], 0), cap)]
         summary.proposed_terms += len(stored)
         summary.kept.update(t["class"] for t in kept)
-        status = ENRICHED if table.status[doc_id] in (PROPOSED, ENRICHED) else \
-            table.status[doc_id]
+        fields = ([t["text"] for t in kept if t["class"] == terms.ECHO],
+                  [t["text"] for t in kept if t["class"] == terms.BRIDGE])
+        status = table.status[doc_id]
+        if table.written.get(doc_id) == fields and status != PROPOSED:
+            continue  # stored exactly so already
+        pending[doc_id] = fields
         updates.append((doc_id, {
-            "enrich_echo": [t["text"] for t in kept if t["class"] == terms.ECHO],
-            "enrich_bridge": [t["text"] for t in kept if t["class"] == terms.BRIDGE],
-            "sira": {"status": status, "enriched_at": at, "kept": len(kept)},
+            "enrich_echo": fields[0], "enrich_bridge": fields[1],
+            "sira": {"status": ENRICHED if status in (PROPOSED, ENRICHED) else status,
+                     "enriched_at": at, "kept": len(kept)},
         }))
     result = engine.bulk_update(index, updates)
-    summary.enriched = result.ok
+    failed = {f.id for f in result.failures}
+    for doc_id, fields in pending.items():
+        if doc_id not in failed:
+            table.written[doc_id] = fields
+            if table.status[doc_id] == PROPOSED:
+                table.status[doc_id] = ENRICHED
+    summary.updated = len(pending) - len(failed)
+    summary.enriched = sum(1 for status in table.status.values() if status == ENRICHED)
     summary.rejected = result.failures
     engine.put_meta(index, {"sira_filter": {
         "policy": policy.kind, "rank_k": policy.rank_k, "ratio": policy.ratio,

@@ -176,7 +176,7 @@ def test_enrich_refilter_stats_commands(opensearch: Engine, monkeypatch: pytest.
             result = runner.invoke(app, ["--index", index, "enrich", "--policy", "none"])
             assert result.exit_code == 0, result.output
             assert "6 proposed, 0 failed" in result.output
-            assert "6/6 documents enriched, kept 12 of 12 terms" in result.output
+            assert "6/6 documents enriched (6 updated now), kept 12 of 12 terms" in result.output
 
             again = runner.invoke(app, ["--index", index, "enrich"])
             assert "0 proposed, 0 failed, 6 unchanged (not sent); 0 model calls" in again.output
@@ -185,6 +185,14 @@ def test_enrich_refilter_stats_commands(opensearch: Engine, monkeypatch: pytest.
                                            "--cap", "5", "--basis", "proposals"])
             assert refilter.exit_code == 0, refilter.output
             assert "kept 6 of 12 terms" in refilter.output  # "shared tag" has DF 6 > 5
+            # the second enrich applied the default rank policy, which had dropped it already
+            assert "(0 updated now)" in refilter.output
+            none = runner.invoke(app, ["--index", index, "refilter", "--policy", "none"])
+            assert "6/6 documents enriched (6 updated now), kept 12 of 12" in none.output
+            none = runner.invoke(app, ["--index", index, "refilter", "--policy", "none"])
+            assert "(0 updated now)" in none.output
+            runner.invoke(app, ["--index", index, "refilter", "--policy", "absolute",
+                                "--cap", "5", "--basis", "proposals"])
             assert opensearch.get(index, "d0")["enrich_bridge"] == ["unique0"]
 
             stats = runner.invoke(app, ["--index", index, "stats", "--k", "1"])
