@@ -382,7 +382,7 @@ def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path 
         report.per_query[config.name] = values
         row = {m: round(mean(values, m), 4) for m in
                ("R@10", "R@100", "nDCG@10", "MRR@10", "noise@10")}
-        if policy:
+        if policy and (config.classes != "none" or config.sketch):
             row["policy"] = policy.describe()
             row["cap"] = cap
         if config.sketch:
