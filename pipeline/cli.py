@@ -17,7 +17,7 @@ from rich.table import Table
 from pipeline import batchfiles, enrich, servers
 from pipeline.config import DfBasis, EngineKind, PolicyKind, Settings, Stance
 from pipeline.engine import Engine, EngineUnavailable
-from pipeline.jobs import IndexSummary, index_corpus
+from pipeline.jobs import IndexSummary, JobFailed, JobSummary, index_corpus, reindex
 from pipeline.llm import ModelClient, NotConfigured
 from pipeline.loaders import CorpusError, count_items, is_beir_folder, load_queries
 from pipeline.query import Classes, SearchResult, install_template, search
@@ -348,6 +348,65 @@ def import_proposals_cmd(
         raise typer.Exit(1)
 
 
+# -- reindex -------------------------------------------------------------------------------
+
+
+def _run_job(settings: Settings, engine: Engine, source: str | None, workers: int,
+             timeout: float | None) -> JobSummary:
+    from pipeline.localworkers import LocalWorkers
+
+    if workers:
+        where = settings.worker.broker_url or "the embedded broker (filesystem)"
+        out.print(f"starting {workers} local worker(s) on {where}")
+    with Progress(TextColumn("documents proposed or failed"), BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                  transient=True) as progress:
+        task = progress.add_task("job", total=None)
+
+        def show(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        pool = LocalWorkers(settings, workers) if workers else None
+        try:
+            if pool:
+                pool.__enter__()
+            return reindex(engine, settings, source, on_progress=show, timeout=timeout)
+        finally:
+            if pool:
+                pool.stop()
+
+
+@app.command("reindex")
+def reindex_cmd(
+    ctx: typer.Context,
+    target: Annotated[str, typer.Option(help="The enriched index to build or update.")],
+    source: Annotated[str | None, typer.Option(help="An index, a JSONL file, a BEIR or a "
+                                               "Markdown folder; none: enrich what the "
+                                               "target holds.")] = None,
+    workers: Annotated[int, typer.Option(help="Start this many local worker processes "
+                                         "(0: workers run elsewhere).")] = 0,
+    timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")]
+    = None,
+) -> None:
+    """Copy documents into the target, enrich them with Celery workers, apply the filter.
+    Re-running resumes: only pending, failed-and-retryable or changed documents are sent."""
+    settings = _settings(ctx)
+    settings.index = settings.index.model_copy(update={"name": target})
+    if not settings.llm.url:
+        raise _fail("no model server configured: set SIRA_LLM__URL (an OpenAI-compatible "
+                    "/v1 URL), or import recorded proposals with `sira import-proposals`")
+    engine = _connect(settings)
+    try:
+        summary = _run_job(settings, engine, source, workers, timeout)
+    except (JobFailed, CorpusError) as exc:
+        raise _fail(str(exc), 1) from exc
+    for problem in summary.load.problems[:20]:
+        err.print(f"skipped {problem}", highlight=False)
+    out.print(summary.line(), highlight=False)
+    if summary.failed or summary.rejected or summary.skipped_input:
+        raise typer.Exit(1)
+
+
 # -- bench ---------------------------------------------------------------------------------
 
 
@@ -414,12 +473,15 @@ def demo(
         settings.index = settings.index.model_copy(update={"name": "sira-sample"})
     engine = _connect(settings)
     assert is_beir_folder(SAMPLE), f"the sample collection is missing from {SAMPLE}"
-    _index(settings, engine, SAMPLE, recreate=True)
     if settings.llm.url:
-        proposed = enrich.propose(engine, settings, ModelClient(settings.llm))
-        out.print(f"propose: {proposed.line()}")
-        _print_apply(enrich.apply(engine, settings))
+        out.print(f"model server: {settings.llm.url}; running the enrichment job")
+        try:
+            summary = _run_job(settings, engine, str(SAMPLE), workers=1, timeout=600)
+        except JobFailed as exc:
+            raise _fail(str(exc), 1) from exc
+        out.print(summary.line(), highlight=False)
     else:
+        _index(settings, engine, SAMPLE, recreate=True)
         out.print("no model server configured (SIRA_LLM__URL): enrichment skipped, "
                   "searching plain BM25")
     for text in list(load_queries(SAMPLE / "queries.jsonl").values())[:queries]:

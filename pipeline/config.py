@@ -87,6 +87,21 @@ class EnrichSettings(BaseModel):
     df_basis: DfBasis = "both"
 
 
+class WorkerSettings(BaseModel):
+    """The Celery layer. With no broker URL the local default is kombu's filesystem transport
+    under the state directory (no server needed)."""
+
+    broker_url: str | None = None  # e.g. redis://redis:6379/0
+    queue: str = "sira"
+    # an unacknowledged message is delivered again after this long: longer than any task
+    visibility_timeout: int = 3600
+    soft_time_limit: int = 1800  # seconds per task (one batch of documents)
+    time_limit: int = 2100
+    max_doc_attempts: int = 3  # a failed document is retried by later jobs until this many
+    # the job re-enqueues documents still queued after this long without any progress
+    requeue_after: float = 300.0
+
+
 class LoadSettings(BaseModel):
     # A document whose title + text is larger than this is skipped with an error.
     max_doc_bytes: int = 1_000_000
@@ -103,4 +118,20 @@ class Settings(BaseSettings):
     load: LoadSettings = LoadSettings()
     llm: LLMSettings = LLMSettings()
     enrich: EnrichSettings = EnrichSettings()
+    worker: WorkerSettings = WorkerSettings()
     state_dir: Path = Field(default_factory=default_state_dir)
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as SIRA_* variables, secrets included, for the worker processes
+        this one starts (never for printing)."""
+        env: dict[str, str] = {"SIRA_STATE_DIR": str(self.state_dir)}
+        for section in ("engine", "index", "load", "llm", "enrich", "worker"):
+            model = getattr(self, section)
+            for name in type(model).model_fields:
+                value = getattr(model, name)
+                if value is None:
+                    continue
+                if isinstance(value, SecretStr):
+                    value = value.get_secret_value()
+                env[f"SIRA_{section.upper()}__{name.upper()}"] = str(value)
+        return env

@@ -26,6 +26,18 @@ from pipeline.config import EngineKind, EngineSettings, IndexSettings, Settings
 RETRY_ON_STATUS = (429, 502, 503, 504)
 
 
+def _transient_errors() -> tuple[type[BaseException], ...]:
+    import elastic_transport
+    import opensearchpy
+
+    return (opensearchpy.ConnectionError, opensearchpy.ConnectionTimeout,
+            elastic_transport.ConnectionError, elastic_transport.ConnectionTimeout, OSError)
+
+
+# errors after which a whole operation may be tried again later (the engine was unreachable)
+TRANSIENT_ERRORS = _transient_errors()
+
+
 class EngineUnavailable(RuntimeError):
     """No engine is configured, or the configured one cannot be reached."""
 
@@ -316,7 +328,7 @@ class Engine:
         found = dict(found)
         return found.get("_source") if found.get("found") else None
 
-    def scan(self, index: str, query: dict | None = None, source: list[str] | None = None,
+    def scan(self, index: str, query: dict | None = None, source: list[str] | bool | None = None,
              batch: int = 1000) -> Iterator[dict]:
         """Every matching document (``_id`` and ``_source``), streamed with a scroll."""
         body: dict[str, Any] = {"query": query or {"match_all": {}}}

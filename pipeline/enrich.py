@@ -19,8 +19,8 @@ from itertools import islice
 from pipeline import dfstats, terms
 from pipeline.config import DfBasis, Settings
 from pipeline.engine import BulkResult, Engine, ItemFailure
-from pipeline.jobs import now_iso
 from pipeline.llm import ModelClient
+from pipeline.loaders import now_iso
 from pipeline.prompts import Prompt, corpus_prompt, document_body
 
 PROPOSED, ENRICHED, FAILED = "proposed", "enriched", "failed"
@@ -52,7 +52,8 @@ def _batched(items: Iterable, size: int) -> Iterator[list]:
 
 def store_proposals(engine: Engine, index: str, proposals: dict[str, list[str]],
                     sources: dict[str, dict], *, model: str, prompt_version: str,
-                    stance: str) -> BulkResult:
+                    stance: str, job: str | None = None,
+                    calls: dict[str, int] | None = None) -> BulkResult:
     """Normalise and classify ``proposals`` against their documents and write them."""
     bodies = {i: document_body(sources[i].get("title", ""), sources[i].get("text", ""))
               for i in proposals}
@@ -69,16 +70,19 @@ def store_proposals(engine: Engine, index: str, proposals: dict[str, list[str]],
             "sira": {"status": PROPOSED, "reason": None, "model": model,
                      "prompt_version": prompt_version,
                      "proposed_hash": sira.get("content_hash"), "proposed_at": at,
-                     "attempts": int(sira.get("attempts") or 0) + 1},
+                     "attempts": int(sira.get("attempts") or 0) + 1, "job": job,
+                     "calls": (calls or {}).get(doc_id, 0)},
         }))
     return engine.bulk_update(index, updates)
 
 
 def record_failures(engine: Engine, index: str, reasons: dict[str, str],
-                    sources: dict[str, dict]) -> BulkResult:
+                    sources: dict[str, dict], *, job: str | None = None,
+                    calls: dict[str, int] | None = None) -> BulkResult:
     updates = [(doc_id, {"sira": {
         "status": FAILED, "reason": reason[:2000],
         "attempts": int(sources.get(doc_id, {}).get("sira", {}).get("attempts") or 0) + 1,
+        "job": job, "calls": (calls or {}).get(doc_id, 0),
     }}) for doc_id, reason in reasons.items()]
     return engine.bulk_update(index, updates)
 
@@ -102,9 +106,10 @@ class ProposeSummary:
 
 
 def propose(engine: Engine, settings: Settings, client: ModelClient, *,
-            ids: list[str] | None = None,
+            ids: list[str] | None = None, job: str | None = None,
             on_progress: Callable[[int], None] | None = None) -> ProposeSummary:
-    """Send every document that needs proposals (all, or ``ids``) to the model, in batches."""
+    """Send every document that needs proposals (all, or ``ids``) to the model, in batches.
+    ``job`` is recorded on each document sent, with its number of model calls."""
     index = settings.index.name
     prompt = prompt_for(settings)
     summary = ProposeSummary()
@@ -123,9 +128,11 @@ def propose(engine: Engine, settings: Settings, client: ModelClient, *,
         summary.model_calls += sum(a.calls for a in answers)
         good = {a.key: a.keywords for a in answers if a.ok}
         bad = {a.key: a.reason or "unknown failure" for a in answers if not a.ok}
+        calls = {a.key: a.calls for a in answers}
         written = store_proposals(engine, index, good, sources, model=client.model,
-                                  prompt_version=prompt.version, stance=prompt.stance)
-        failed = record_failures(engine, index, bad, sources)
+                                  prompt_version=prompt.version, stance=prompt.stance,
+                                  job=job, calls=calls)
+        failed = record_failures(engine, index, bad, sources, job=job, calls=calls)
         summary.proposed += written.ok
         summary.failed += len(bad)
         summary.reasons.update(reason.split(":")[0] for reason in bad.values())

@@ -36,6 +36,21 @@ class Document:
     def content_hash(self) -> str:
         return hashlib.sha256(f"{self.title}\n{self.text}".encode()).hexdigest()
 
+    def to_index(self) -> dict:
+        """The stored form of a loaded document (status pending); enrichment comes later."""
+        body: dict = {"_id": self.id, "title": self.title, "text": self.text,
+                      "sira": {"content_hash": self.content_hash, "status": "pending",
+                               "indexed_at": now_iso()}}
+        if self.meta:
+            body["meta"] = self.meta
+        if self.source_path:
+            body["source_path"] = self.source_path
+        return body
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
 
 @dataclass
 class LoadProblem:

@@ -25,15 +25,21 @@ FAULT = re.compile(r"FAULT:(400|429|500|slow|garbage|truncated)(?::(\d+))?")
 TITLE = re.compile(r"Title: (.*)")
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 512  # many workers with many requests in flight each
+    daemon_threads = True
+
+
 class FakeModelServer:
     def __init__(self, answers: dict[str, list[str]] | None = None,
-                 slow_seconds: float = 2.0) -> None:
+                 slow_seconds: float = 2.0, delay: float = 0.0) -> None:
         self.answers = answers or {}
         self.slow_seconds = slow_seconds
+        self.delay = delay  # seconds before every answer, like a model generating
         self.calls: Counter[str] = Counter()  # per document key (its title, else its text)
         self.requests = 0
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = _Server(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property
@@ -58,6 +64,8 @@ class FakeModelServer:
     def answer(self, prompt: str) -> tuple[int, str, str]:
         """(HTTP status, content, finish_reason) for one prompt."""
         key = self.key_of(prompt)
+        if self.delay:
+            time.sleep(self.delay)
         with self.lock:
             self.calls[key] += 1
             call = self.calls[key]

@@ -14,7 +14,6 @@ from fake_model import FakeModelServer
 from pipeline import batchfiles, dfstats, enrich, terms
 from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
 from pipeline.engine import Engine
-from pipeline.jobs import to_index_doc
 from pipeline.llm import ModelClient
 from pipeline.loaders import Document
 
@@ -43,7 +42,7 @@ def client_for(settings: Settings) -> ModelClient:
 
 
 def load(engine: Engine, index: str, docs: list[tuple[str, str, str]]) -> None:
-    result = engine.bulk_index(index, [to_index_doc(Document(i, t, x)) for i, t, x in docs])
+    result = engine.bulk_index(index, [Document(i, t, x).to_index() for i, t, x in docs])
     assert result.failed == 0, result.failures
     engine.refresh(index)
 

@@ -12,7 +12,6 @@ from fake_model import FakeModelServer
 from pipeline import enrich, query
 from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
 from pipeline.engine import Engine
-from pipeline.jobs import to_index_doc
 from pipeline.llm import ModelClient
 from pipeline.loaders import Document
 
@@ -31,7 +30,7 @@ def build(engine: Engine, name: str, shards: int = 1) -> Settings:
     settings = Settings(index=IndexSettings(name=name, shards=shards),
                         enrich=EnrichSettings(policy="none"))
     engine.create_index(settings.index)
-    engine.bulk_index(name, [to_index_doc(Document(i, t, x)) for i, t, x in DOCS])
+    engine.bulk_index(name, [Document(i, t, x).to_index() for i, t, x in DOCS])
     engine.refresh(name)
     sources = engine.mget(name, list(PROPOSALS), source=enrich.DOC_SOURCE)
     enrich.store_proposals(engine, name, PROPOSALS, sources, model="m", prompt_version="p",

@@ -1,0 +1,71 @@
+"""The Celery app and its one task. Thin on purpose: the task calls ``enrich.propose`` for a
+batch of document ids; state lives in the index (per-document status), not in a result
+backend, and the task is idempotent (already proposed documents are not sent again).
+
+Run workers with ``celery -A pipeline.worker worker`` (settings from ``SIRA_*``), or let
+``sira reindex --workers N`` start local ones.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from celery import Celery
+
+from pipeline import enrich
+from pipeline.config import Settings
+from pipeline.engine import TRANSIENT_ERRORS, Engine
+from pipeline.llm import ModelClient
+
+PROPOSE = "sira.propose"
+
+
+def broker_url(settings: Settings) -> str:
+    return settings.worker.broker_url or "filesystem://"
+
+
+def make_app(settings: Settings) -> Celery:
+    app = Celery("sira", broker=broker_url(settings))
+    transport: dict = {"visibility_timeout": settings.worker.visibility_timeout}
+    if not settings.worker.broker_url:
+        folder = Path(settings.state_dir) / "broker"
+        for sub in ("queue", "processed"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        transport |= {"data_folder_in": str(folder / "queue"),
+                      "data_folder_out": str(folder / "queue"),
+                      "processed_folder": str(folder / "processed"), "store_processed": False}
+    app.conf.update(
+        task_acks_late=True,  # a worker killed mid-batch leaves the message to be redelivered
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,  # long model-bound tasks: take one at a time
+        task_soft_time_limit=settings.worker.soft_time_limit,
+        task_time_limit=settings.worker.time_limit,
+        task_ignore_result=True,  # task state lives in the index
+        task_default_queue=settings.worker.queue,
+        task_serializer="json", accept_content=["json"],
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+app = make_app(Settings())
+
+
+@cache
+def _resources() -> tuple[Settings, Engine, ModelClient]:
+    settings = Settings()
+    return settings, Engine.from_settings(settings), ModelClient(settings.llm)
+
+
+@app.task(name=PROPOSE, bind=True, autoretry_for=TRANSIENT_ERRORS,
+          retry_backoff=True, retry_backoff_max=120, retry_jitter=True, max_retries=8)
+def propose_task(self, index: str, ids: list[str], job: str | None = None) -> dict:
+    settings, engine, client = _resources()
+    settings = settings.model_copy(update={
+        "index": settings.index.model_copy(update={"name": index})})
+    summary = enrich.propose(engine, settings, client, ids=ids, job=job)
+    return {"proposed": summary.proposed, "failed": summary.failed,
+            "unchanged": summary.unchanged, "model_calls": summary.model_calls}
