@@ -239,3 +239,25 @@ def test_search_with_expansion_explain_and_template(opensearch: Engine,
             assert installed.exit_code == 0 and "sira-two-clause" in installed.output
         finally:
             opensearch.delete_index(index)
+
+
+def test_demo_runs_the_job_with_the_embedded_broker(opensearch: Engine, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """README command 1 with a model configured: filesystem broker, one local worker."""
+    engine_env(opensearch, monkeypatch)
+    index = f"test-demo-{uuid.uuid4().hex[:8]}"
+    with FakeModelServer() as model:
+        monkeypatch.setenv("SIRA_LLM__URL", model.url)
+        monkeypatch.delenv("SIRA_WORKER__BROKER_URL", raising=False)
+        try:
+            result = runner.invoke(app, ["--state-dir", str(tmp_path), "--index", index,
+                                         "demo", "--queries", "1"])
+            assert result.exit_code == 0, result.output
+            assert "embedded broker (filesystem)" in result.output
+            assert "30 documents (30 new" in result.output
+            assert "30 sent to the model: 30 proposed, 0 failed" in result.output
+            assert "30 enriched; 30 model calls" in result.output
+            assert len(model.calls) == 30
+            assert opensearch.get(index, "ops-001")["sira"]["status"] == "enriched"
+        finally:
+            opensearch.delete_index(index)
