@@ -247,6 +247,7 @@ class Report:
     rows: dict = field(default_factory=dict)  # config -> summary figures
     per_query: dict = field(default_factory=dict)  # config -> query id -> measures
     skipped: dict = field(default_factory=dict)  # config -> why it did not run
+    notes: list[str] = field(default_factory=list)  # inputs left out, and why
 
 
 class Applier:
@@ -320,23 +321,32 @@ def tuning_steps(has_proposals: bool, has_sketches: bool) -> int:
 
 
 def prepare_index(engine: Engine, settings: Settings, dataset: Path, proposals: Path | None,
-                  recreate: bool, on_doc: Callable[[], None] | None = None) -> bool:
-    """Build (or reuse) the bench index; True if it was built now."""
+                  recreate: bool, on_doc: Callable[[], None] | None = None) -> list[str]:
+    """Build (or reuse) the bench index; returns notes on what was left out. Documents the
+    loader rejects (e.g. empty ones) are left out and named; their proposals are ignored.
+    Anything else wrong with the inputs is an error."""
     key = bench_key(dataset, proposals, settings)
     index = settings.index.name
     if not recreate and engine.index_exists(index) and \
             engine.get_meta(index).get("bench_key") == key:
-        return False
+        return list(engine.get_meta(index).get("bench_notes", []))
     summary = index_corpus(engine, settings, dataset, recreate=True, on_doc=on_doc)
-    if summary.load.skipped or summary.bulk.failed:
+    if summary.bulk.failed:
         raise CorpusError(f"{dataset}: {summary.line()}")
+    left_out = {p.doc_id for p in summary.load.problems}
+    notes = [f"document {p.doc_id} left out: {p.reason}" for p in summary.load.problems]
     if proposals:
         imported = batchfiles.import_proposals(engine, settings, proposals)
-        if imported.report.skipped or imported.rejected:
-            first = imported.report.problems[:1] or imported.rejected[:1]
-            raise CorpusError(f"{proposals}: {imported.line()}; first problem: {first[0]}")
-    engine.put_meta(index, {"bench_key": key})
-    return True
+        problems = [p for p in imported.report.problems
+                    if not (p.doc_id in left_out and p.reason == "unknown document id")]
+        if problems or imported.rejected:
+            first = (problems or imported.rejected)[0]
+            raise CorpusError(f"{proposals}: {imported.line()}; first problem: {first}")
+        ignored = len(imported.report.problems)
+        if ignored:
+            notes.append(f"{ignored} proposal line(s) for left-out documents ignored")
+    engine.put_meta(index, {"bench_key": key, "bench_notes": notes})
+    return notes
 
 
 def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path | None,
@@ -351,14 +361,14 @@ def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path 
     test, dev, dev_note = splits(dataset, split, dev_split)
     all_queries = load_queries(dataset / "queries.jsonl")
     sketches = load_sketches(sketches_path, set(all_queries)) if sketches_path else {}
-    prepare_index(engine, settings, dataset, proposals, recreate,
-                  progress("indexing", None))
+    notes = prepare_index(engine, settings, dataset, proposals, recreate,
+                          progress("indexing", None))
     has_proposals, has_sketches = proposals is not None, bool(sketches)
     report = Report(dataset.name, engine.kind, split, dev_note, settings={
         "bm25_k1": settings.index.bm25_k1, "bm25_b": settings.index.bm25_b,
         "df_basis": settings.enrich.df_basis, "index": settings.index.name,
         "stemming": engine.capabilities.stemming, "proposals": str(proposals or ""),
-        "sketches": str(sketches_path or ""), "queries": len(test.queries)})
+        "sketches": str(sketches_path or ""), "queries": len(test.queries)}, notes=notes)
     runner = Runner(engine, settings, sketches)
     apply = Applier(engine, settings)
     best = _tune(runner, apply, dev, report, has_proposals, has_sketches,
@@ -432,6 +442,8 @@ def markdown(report: Report) -> str:
     if report.chosen:
         chosen = "; ".join(f"{k} = {v['value']}" for k, v in report.chosen.items())
         lines += ["", f"Chosen on dev ({report.dev}): {chosen}."]
+    if report.notes:
+        lines += ["", "Inputs: " + "; ".join(report.notes) + "."]
     if report.skipped:
         lines += ["", "Not run: " + "; ".join(f"{k} ({v})" for k, v in report.skipped.items())
                   + "."]

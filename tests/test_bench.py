@@ -74,6 +74,8 @@ def make_collection(root: Path) -> tuple[Path, Path, Path]:
             queries.append({"_id": qid, "text": f"{topic.split()[0]} problem {j}"})
             qrels.append((split, qid, f"t{t}d{j}"))
             sketches.append({"query_id": qid, "terms": [topic.split()[2], "unknownword"]})
+    docs.append({"_id": "empty", "title": "", "text": " "})  # the loader leaves it out
+    proposals.append({"doc_id": "empty", "terms": ["orphan"]})
     for name, rows in (("corpus", docs), ("queries", queries)):
         (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for split in ("test", "train"):
@@ -95,6 +97,8 @@ def test_bench_end_to_end(opensearch: Engine, tmp_path: Path) -> None:
                                    sketches_path=sketches)
         assert list(report.rows) == [c.name for c in bench.CONFIGS]
         assert report.dev == "qrels/train.tsv" and report.settings["queries"] == 12
+        assert report.notes == ["document empty left out: empty document (no title and no "
+                                "text)", "1 proposal line(s) for left-out documents ignored"]
         assert set(report.chosen) >= {"rank.rank_k", "doc+query.w", "query.max_n"}
         assert all(v["chosen_on"] == "qrels/train.tsv" for v in report.chosen.values())
         bm25 = report.rows["bm25"]
