@@ -266,6 +266,7 @@ class Applier:
                 self.table = enrich.term_table(self.engine, self.settings.index.name,
                                                self.settings.enrich.df_basis)
             self.cap = enrich.apply(self.engine, self.settings, policy, table=self.table).cap
+            self.engine.force_merge(self.settings.index.name)  # exact statistics again
             self.current = policy
         return self.cap
 
@@ -346,6 +347,7 @@ def prepare_index(engine: Engine, settings: Settings, dataset: Path, proposals: 
         if ignored:
             notes.append(f"{ignored} proposal line(s) for left-out documents ignored")
     engine.put_meta(index, {"bench_key": key, "bench_notes": notes})
+    engine.force_merge(index)
     return notes
 
 
@@ -358,7 +360,11 @@ def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path 
         return None
 
     progress = progress or (lambda label, total: noop)
-    test, dev, dev_note = splits(dataset, split, dev_split)
+    if proposals is None and sketches_path is None:  # nothing to tune: report every query
+        test = Split(*beir_split(dataset, split))
+        dev, dev_note = Split({}, {}), "none needed (nothing to tune)"
+    else:
+        test, dev, dev_note = splits(dataset, split, dev_split)
     all_queries = load_queries(dataset / "queries.jsonl")
     sketches = load_sketches(sketches_path, set(all_queries)) if sketches_path else {}
     notes = prepare_index(engine, settings, dataset, proposals, recreate,

@@ -104,6 +104,7 @@ def test_bench_end_to_end(opensearch: Engine, tmp_path: Path) -> None:
         bm25 = report.rows["bm25"]
         assert 0 < bm25["nDCG@10"] <= 1 and "dR@10" not in bm25
         doc = report.rows["doc"]
+        assert {k: v for k, v in doc.items()} == report.rows["doc[rank]"]  # same policy
         assert doc["policy"].startswith("rank") and len(doc["dnDCG@10 CI"]) == 2
         assert doc["up"] + doc["down"] <= 12
         # the per-query values are the ones the summary averages
