@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -495,3 +496,44 @@ def write(report: Report, runs: dict[str, Run], out_dir: Path) -> dict[str, Path
     paths["md"].write_text(markdown(report) + "\n")
     plot(report, paths["png"])
     return paths
+
+
+# -- latency -------------------------------------------------------------------------------
+
+
+def latency(engine: Engine, settings: Settings, queries: dict[str, str],
+            sketches: dict[str, list[str]], *, w: float = 0.5, max_n: int = 2,
+            repeat: int = 3, tick: Callable[[], None] | None = None) -> dict:
+    """Engine-side latency (``took``, ms) of plain BM25 against the two-clause query with the
+    validated sketch, over the same index and queries, one search per request. Validation
+    (one aggregation request per query) is timed apart; the model call is not part of this."""
+    index = settings.index.name
+    cap = dfstats.Policy.from_settings(settings.enrich).cap(0, []) \
+        if not engine.get_meta(index).get("sira_filter") else \
+        engine.get_meta(index)["sira_filter"]["cap"]
+    runner = Runner(engine, settings, sketches)
+    validate_ms = []
+    for qid in queries:
+        started = time.perf_counter()
+        runner.expansion(qid, cap, max_n, True)
+        validate_ms.append((time.perf_counter() - started) * 1000)
+    took: dict[str, list[int]] = {"bm25": [], "two-clause": []}
+    for _ in range(repeat):
+        for qid, text in queries.items():
+            bodies = {"bm25": query.build_query(text, (), size=10, classes="none"),
+                      "two-clause": query.build_query(
+                          text, runner.expansion(qid, cap, max_n, True), w=w, size=10)}
+            for name, body in bodies.items():
+                took[name].append(int(engine.search(index, {**body, "_source": False})["took"]))
+            if tick:
+                tick()
+
+    def stats(values: list[float]) -> dict:
+        return {"median": float(np.median(values)), "p95": float(np.percentile(values, 95))}
+
+    out = {name: stats(values) for name, values in took.items()}
+    out["ratio_median"] = out["two-clause"]["median"] / max(out["bm25"]["median"], 1e-9)
+    out["ratio_p95"] = out["two-clause"]["p95"] / max(out["bm25"]["p95"], 1e-9)
+    out["validation_ms"] = stats(validate_ms)
+    out["queries"], out["repeat"] = len(queries), repeat
+    return out

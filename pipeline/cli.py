@@ -456,6 +456,44 @@ def bench_cmd(
     out.print(f"\nwrote {paths['json']}, {paths['md']}, {paths['png']}")
 
 
+@app.command("bench-latency")
+def bench_latency_cmd(
+    ctx: typer.Context,
+    dataset: Annotated[Path, typer.Option(help="A BEIR folder.")],
+    proposals: Annotated[Path | None, typer.Option(help="Recorded proposals.")] = None,
+    sketches: Annotated[Path, typer.Option(help="Recorded sketches.")] = ...,
+    split: Annotated[str, typer.Option(help="Queries of this split.")] = "test",
+    w: Annotated[float, typer.Option(help="Weight of the expansion clause.")] = 0.5,
+    repeat: Annotated[int, typer.Option(help="Passes over the queries.")] = 3,
+    k1: Annotated[float, typer.Option(help="BM25 k1.")] = 0.9,
+    b: Annotated[float, typer.Option(help="BM25 b.")] = 0.4,
+) -> None:
+    """Engine time (took) of the two-clause query against plain BM25: median, p95, ratio."""
+    from pipeline import bench
+
+    settings = _settings(ctx)
+    settings.index = settings.index.model_copy(update={"bm25_k1": k1, "bm25_b": b})
+    key = bench.bench_key(dataset, proposals, settings)
+    settings.index = settings.index.model_copy(update={"name": f"bench-{dataset.name}-{key}"})
+    engine = _connect(settings)
+    queries, _ = bench.beir_split(dataset, split)
+    known = set(load_queries(dataset / "queries.jsonl"))
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True) as progress:
+        bench.prepare_index(engine, settings, dataset, proposals, recreate=False)
+        task = progress.add_task("searching", total=len(queries) * repeat)
+        figures = bench.latency(engine, settings, queries, bench.load_sketches(sketches, known),
+                                w=w, repeat=repeat, tick=lambda: progress.advance(task))
+    out.print(f"{dataset.name}, {engine.kind}, {figures['queries']} queries x {repeat}: "
+              f"took (ms) plain BM25 median {figures['bm25']['median']:.1f} / p95 "
+              f"{figures['bm25']['p95']:.1f}; two-clause median "
+              f"{figures['two-clause']['median']:.1f} / p95 {figures['two-clause']['p95']:.1f}; "
+              f"ratio median {figures['ratio_median']:.2f}, p95 {figures['ratio_p95']:.2f}; "
+              f"sketch validation (client-side, one request) median "
+              f"{figures['validation_ms']['median']:.1f} ms / p95 "
+              f"{figures['validation_ms']['p95']:.1f} ms")
+
+
 @app.command("demo")
 def demo(
     ctx: typer.Context,

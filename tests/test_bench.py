@@ -115,6 +115,14 @@ def test_bench_end_to_end(opensearch: Engine, tmp_path: Path) -> None:
         assert paths["png"].read_bytes()[:4] == b"\x89PNG"
         assert "| doc+query |" in paths["md"].read_text()
 
+        queries, _ = bench.beir_split(dataset, "test")
+        sketched = bench.load_sketches(sketches, set(queries) | {"q02", "q12", "q22", "q32",
+                                                                 "q42", "q52"})
+        figures = bench.latency(opensearch, settings, queries, sketched, repeat=2)
+        assert figures["queries"] == 12 and figures["bm25"]["median"] >= 0
+        assert figures["ratio_median"] == pytest.approx(
+            figures["two-clause"]["median"] / max(figures["bm25"]["median"], 1e-9))
+
         again, _ = bench.bench(opensearch, settings, dataset, proposals=proposals,
                                sketches_path=None)
         assert again.skipped == {"doc+query": "no sketches given", "query": "no sketches given"}
