@@ -38,7 +38,7 @@ from pipeline import batchfiles, dfstats, enrich, query
 from pipeline.config import Settings
 from pipeline.engine import Engine, mappings_dir
 from pipeline.jobs import index_corpus
-from pipeline.loaders import CorpusError, beir_split, load_queries
+from pipeline.loaders import CorpusError, beir_split, load_phrasings, load_queries
 
 MEASURES = {"R@10": R @ 10, "R@100": R @ 100, "nDCG@10": nDCG @ 10, "MRR@10": RR @ 10,
             "P@10": P @ 10}
@@ -61,6 +61,7 @@ class Config:
     sketch: bool = False
     policy: str | None = None  # a policy kind to apply first; None = the tuned default
     needs_proposals: bool = True
+    also: bool = False  # fuse the collection's alternative phrasings (RRF, equal weights)
 
 
 CONFIGS = [
@@ -74,6 +75,7 @@ CONFIGS = [
     Config("doc[ratio]", policy="ratio"),
     Config("doc[absolute]", policy="absolute"),
     Config("doc[rank]", policy="rank"),
+    Config("doc+also", also=True),
 ]
 
 
@@ -149,11 +151,13 @@ def splits(dataset: Path, split: str, dev_split: str | None) -> tuple[Split, Spl
 class Runner:
     """Runs configurations over query sets against one bench index."""
 
-    def __init__(self, engine: Engine, settings: Settings, sketches: dict[str, list[str]]):
+    def __init__(self, engine: Engine, settings: Settings, sketches: dict[str, list[str]],
+                 phrasings: dict[str, list[str]] | None = None):
         self.engine = engine
         self.settings = settings
         self.index = settings.index.name
         self.sketches = sketches
+        self.phrasings = phrasings or {}
         self._validated: dict[tuple, list[str]] = {}
 
     def expansion(self, qid: str, cap: int | None, max_n: int, enriched: bool) -> list[str]:
@@ -168,23 +172,32 @@ class Runner:
     def run(self, config: Config, queries: dict[str, str], *, w: float = 0.5, max_n: int = 2,
             cap: int | None = None, on_query: Callable[[], None] | None = None) -> Run:
         qids = list(queries)
-        bodies = []
+        bodies, owners = [], []
         for qid in qids:
             expansion = self.expansion(qid, cap, max_n, config.classes != "none") \
                 if config.sketch else []
-            body = query.build_query(queries[qid], expansion, w=w, size=DEPTH,
-                                     classes=config.classes)
-            body["_source"] = False
-            bodies.append(body)
-        run: Run = {}
-        for start in range(0, len(qids), 64):
+            texts = [queries[qid]] + (self.phrasings.get(qid, []) if config.also else [])
+            for i, text in enumerate(texts):
+                body = query.build_query(text, expansion if i == 0 else (), w=w, size=DEPTH,
+                                         classes=config.classes)
+                body["_source"] = False
+                bodies.append(body)
+                owners.append(qid)
+        rankings: dict[str, list[list[query.Hit]]] = {qid: [] for qid in qids}
+        for start in range(0, len(bodies), 64):
             responses = self.engine.msearch(self.index, bodies[start:start + 64])
-            for qid, response in zip(qids[start:start + 64], responses, strict=True):
+            for qid, response in zip(owners[start:start + 64], responses, strict=True):
                 if "error" in response:
                     raise RuntimeError(f"query {qid} failed: {response['error']}")
-                run[qid] = [(h["_id"], float(h["_score"])) for h in response["hits"]["hits"]]
-                if on_query:
-                    on_query()
+                rankings[qid].append([query.Hit(h["_id"], float(h["_score"]), "", "")
+                                      for h in response["hits"]["hits"]])
+        run: Run = {}
+        for qid in qids:
+            hits = rankings[qid][0] if len(rankings[qid]) == 1 else \
+                query.rrf(rankings[qid], DEPTH)
+            run[qid] = [(h.id, h.score) for h in hits]
+            if on_query:
+                on_query()
         return run
 
 
@@ -376,7 +389,8 @@ def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path 
         "df_basis": settings.enrich.df_basis, "index": settings.index.name,
         "stemming": engine.capabilities.stemming, "proposals": str(proposals or ""),
         "sketches": str(sketches_path or ""), "queries": len(test.queries)}, notes=notes)
-    runner = Runner(engine, settings, sketches)
+    phrasings = load_phrasings(dataset / "queries.jsonl")
+    runner = Runner(engine, settings, sketches, phrasings)
     apply = Applier(engine, settings)
     best = _tune(runner, apply, dev, report, has_proposals, has_sketches,
                  progress("tuning on dev", tuning_steps(has_proposals, has_sketches)))
@@ -389,6 +403,9 @@ def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path 
             continue
         if config.sketch and not has_sketches:
             report.skipped[config.name] = "no sketches given"
+            continue
+        if config.also and not phrasings:
+            report.skipped[config.name] = "the collection supplies no alternative phrasings"
             continue
         policy = best.get(config.policy or "rank") if has_proposals else None
         cap = apply(policy) if policy else None

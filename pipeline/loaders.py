@@ -182,6 +182,16 @@ def load_queries(path: Path, report: LoadReport | None = None) -> dict[str, str]
     return queries
 
 
+def load_phrasings(path: Path) -> dict[str, list[str]]:
+    """Alternative phrasings a collection may supply in queries.jsonl: ``"also": [...]``."""
+    out: dict[str, list[str]] = {}
+    for _, obj in iter_jsonl_objects(path, LoadReport()):
+        also = obj.get("also")
+        if obj.get("_id") is not None and isinstance(also, list):
+            out[str(obj["_id"])] = [a for a in also if isinstance(a, str) and a.strip()]
+    return out
+
+
 def load_qrels(path: Path, report: LoadReport | None = None) -> dict[str, dict[str, int]]:
     """BEIR qrels TSV with a header ``query-id corpus-id score``."""
     report = report or LoadReport()

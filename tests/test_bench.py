@@ -71,7 +71,8 @@ def make_collection(root: Path) -> tuple[Path, Path, Path]:
                                                           "generic tag"]})
         for j, split in enumerate(["test", "test", "train"]):
             qid = f"q{t}{j}"
-            queries.append({"_id": qid, "text": f"{topic.split()[0]} problem {j}"})
+            queries.append({"_id": qid, "text": f"{topic.split()[0]} problem {j}",
+                            "also": [f"{topic.split()[1]} trouble"]})
             qrels.append((split, qid, f"t{t}d{j}"))
             sketches.append({"query_id": qid, "terms": [topic.split()[2], "unknownword"]})
     docs.append({"_id": "empty", "title": "", "text": " "})  # the loader leaves it out
@@ -126,6 +127,7 @@ def test_bench_end_to_end(opensearch: Engine, tmp_path: Path) -> None:
         again, _ = bench.bench(opensearch, settings, dataset, proposals=proposals,
                                sketches_path=None)
         assert again.skipped == {"doc+query": "no sketches given", "query": "no sketches given"}
+        assert "doc+also" in report.rows
         assert again.rows["bm25"] == bm25  # the index was reused, same ranking
     finally:
         opensearch.delete_index(settings.index.name)

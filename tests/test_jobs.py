@@ -28,7 +28,7 @@ from pipeline.config import (
     WorkerSettings,
 )
 from pipeline.engine import Engine
-from pipeline.jobs import JobFailed, JobSummary, reindex, status_counts
+from pipeline.jobs import JobFailed, JobSummary, index_corpus, reindex, status_counts
 from pipeline.localworkers import LocalWorkers
 
 
@@ -210,3 +210,23 @@ def test_redis_restart_during_a_job(opensearch: Engine, tmp_path: Path) -> None:
         finally:
             broker.stop()
             opensearch.delete_index(index)
+
+
+def test_reindex_from_an_existing_index(opensearch: Engine, redis: RedisServer,
+                                        tmp_path: Path) -> None:
+    with FakeModelServer() as model:
+        settings = make_settings(tmp_path, opensearch, redis, model)
+        source = settings.model_copy(update={"index": IndexSettings(
+            name=settings.index.name + "-src")})
+        corpus = write_corpus(tmp_path / "c.jsonl", 40)
+        try:
+            index_corpus(opensearch, source, corpus)
+            with LocalWorkers(settings, 1):
+                summary = reindex(opensearch, settings, source.index.name, timeout=120)
+            assert (summary.documents, summary.new, summary.enriched) == (40, 40, 40)
+            copied = opensearch.get(settings.index.name, "d7")
+            assert copied["title"] == "Doc 7" and copied["text"].startswith("body of document 7")
+            assert copied["sira"]["status"] == "enriched"
+        finally:
+            opensearch.delete_index(settings.index.name)
+            opensearch.delete_index(source.index.name)
