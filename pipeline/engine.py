@@ -92,8 +92,12 @@ class Capabilities:
     """What the connected server can do; the minimal Elasticsearch distribution lacks the
     analysis-common and lang-mustache modules."""
 
-    stemming: bool
+    analysis: str  # "english" (analysis-common), "english-plugin" (ours), "english-nostem"
     search_templates: bool
+
+    @property
+    def stemming(self) -> bool:
+        return self.analysis != "english-nostem"
 
 
 def _failure_reason(error: Any) -> str:
@@ -192,18 +196,20 @@ class Engine:
 
     @cached_property
     def capabilities(self) -> Capabilities:
-        probe = {"tokenizer": "standard", "text": "running",
-                 "filter": [{"type": "stemmer", "language": "english"}]}
-        try:
-            self.client.indices.analyze(body=probe)
-            stemming = True
-        except Exception as exc:  # the engine answers 400 when the filter type is unknown
-            if _status(exc) != 400:
-                raise
-            stemming = False
+        analysis = "english-nostem"
+        for name, stemmer in (("english", {"type": "stemmer", "language": "english"}),
+                              ("english-plugin", {"type": "sira_porter_stem"})):
+            try:
+                self.client.indices.analyze(body={"tokenizer": "standard", "text": "running",
+                                                  "filter": [stemmer]})
+                analysis = name
+                break
+            except Exception as exc:  # the engine answers 400 for an unknown filter type
+                if _status(exc) != 400:
+                    raise
         languages = self._request("GET", "/_script_language")
         names = {entry.get("language") for entry in languages.get("language_contexts", [])}
-        return Capabilities(stemming=stemming, search_templates="mustache" in names)
+        return Capabilities(analysis=analysis, search_templates="mustache" in names)
 
     # -- indices -------------------------------------------------------------------------
 
@@ -211,11 +217,7 @@ class Engine:
         """The create-index body: mappings/index.json with the analysis this engine supports
         and the BM25 and shard settings of ``index``."""
         body = copy.deepcopy(load_mapping_file("index.json"))
-        analysis_file = (
-            "analysis-english.json" if self.capabilities.stemming
-            else "analysis-english-nostem.json"
-        )
-        analysis = load_mapping_file(analysis_file)
+        analysis = load_mapping_file(f"analysis-{self.capabilities.analysis}.json")
         analysis["filter"]["sira_shingle"]["max_shingle_size"] = max(2, index.max_ngram)
         settings = body["settings"]
         settings["analysis"] = analysis

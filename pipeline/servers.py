@@ -21,6 +21,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import tempfile
 import time
 import zipfile
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ DEFAULT_VERSIONS: dict[str, str] = {"opensearch": "3.8.0.0", "elasticsearch": "9
 OPENSEARCH_PORTS = (9200, 9299)  # the runner's HTTP port range
 MIN_JAVA = 21  # OpenSearch 3.x and Elasticsearch 9.x
 ES_USER = "sira"
+ES_PLUGIN = "sira-english-analysis"
 ES_HOME_WHEN_ROOT = Path("/var/tmp/sira-pipeline-engines")  # Elasticsearch refuses root
 
 _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
@@ -368,6 +370,7 @@ def _start_elasticsearch(
         "ES_PATH_CONF": str(conf),
         "ES_JAVA_OPTS": f"-Xms{heap_mb}m -Xmx{heap_mb}m",
     }
+    _install_english_plugin(dist, version, env)
     tls = _make_certificates(dist, conf / "certs", env) if security else []
     (conf / "elasticsearch.yml").write_text(
         "\n".join([
@@ -391,6 +394,44 @@ def _start_elasticsearch(
                  "-r", "superuser")
     _allow_es_user(home)
     return [*_es_run_as(), str(dist / "bin" / "elasticsearch")], env
+
+
+def _install_english_plugin(dist: Path, version: str, env: dict[str, str]) -> None:
+    """Compile the project's stable analysis plugin (english stemming, see
+    pipeline/es_plugin) against the distribution's own jars and install it, once."""
+    if (dist / "plugins" / ES_PLUGIN).exists():
+        return
+    sources = sorted((Path(__file__).parent / "es_plugin").glob("*.java"))
+    java_home = find_java_home()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        compiled = subprocess.run(
+            [str(java_home / "bin" / "javac"), "--release", str(MIN_JAVA), "-d",
+             str(work / "classes"), "-cp", str(dist / "lib" / "*"), *map(str, sources)],
+            capture_output=True, text=True)
+        if compiled.returncode != 0:
+            raise EngineError(f"compiling the analysis plugin failed: {compiled.stderr[-800:]}")
+        jar = work / f"{ES_PLUGIN}.jar"
+        with zipfile.ZipFile(jar, "w") as zf:
+            for path in sorted((work / "classes").rglob("*.class")):
+                zf.write(path, path.relative_to(work / "classes").as_posix())
+        factories = {f"sira_{_snake(p.stem.removesuffix('Factory'))}":
+                     f"org.sirapipeline.analysis.{p.stem}" for p in sources}
+        bundle = work / f"{ES_PLUGIN}.zip"
+        with zipfile.ZipFile(bundle, "w") as zf:
+            zf.write(jar, jar.name)
+            zf.writestr("stable-plugin-descriptor.properties", "\n".join([
+                f"name={ES_PLUGIN}", f"version={version}", f"elasticsearch.version={version}",
+                f"java.version={MIN_JAVA}", "description=English stemming for sira-pipeline",
+                ""]))
+            zf.writestr("named_components.json", json.dumps(
+                {"org.elasticsearch.plugin.analysis.TokenFilterFactory": factories}))
+        _es_tool(dist, env, "elasticsearch-plugin", "install", "--batch", bundle.as_uri())
+    _allow_es_user(dist / "plugins")
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 def _es_tool(dist: Path, env: dict[str, str], tool: str, *args: str) -> None:
