@@ -26,7 +26,7 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,7 +161,7 @@ class Runner:
         self._validated: dict[tuple, list[str]] = {}
 
     def expansion(self, qid: str, cap: int | None, max_n: int, enriched: bool) -> list[str]:
-        key = (qid, cap, max_n, enriched)
+        key = (qid, cap, max_n, enriched, self.index)
         if key not in self._validated:
             fields = dfstats.ENRICHED_FIELDS if enriched else dfstats.TEXT_FIELDS
             kept, _ = query.validate(self.engine, self.index, self.sketches.get(qid, []), cap,
@@ -265,24 +265,56 @@ class Report:
 
 
 class Applier:
-    """Applies filter policies to the bench index; the DF statistics of the proposals are
-    computed once (the proposals do not change between policies)."""
+    """Puts a filter policy in force for the runner. Each policy gets an index of its own,
+    every document written once with its final enrichment: updating documents in place
+    leaves deleted copies that BM25 statistics still count (the engine retains them for its
+    soft-deletes leases), which would skew one policy against another. The proposals and
+    their DF statistics come from the bench index and are read once."""
 
-    def __init__(self, engine: Engine, settings: Settings):
-        self.engine, self.settings = engine, settings
+    def __init__(self, engine: Engine, settings: Settings, runner: Runner):
+        self.engine, self.settings, self.runner = engine, settings, runner
+        self.base = settings.index.name
         self.table: enrich.TermTable | None = None
-        self.current: dfstats.Policy | None = None
-        self.cap: int | None = None
+        self.built: dict[dfstats.Policy, tuple[str, int | None]] = {}
 
     def __call__(self, policy: dfstats.Policy) -> int | None:
-        if policy != self.current:
-            if self.table is None:
-                self.table = enrich.term_table(self.engine, self.settings.index.name,
-                                               self.settings.enrich.df_basis)
-            self.cap = enrich.apply(self.engine, self.settings, policy, table=self.table).cap
-            self.engine.force_merge(self.settings.index.name)  # exact statistics again
-            self.current = policy
-        return self.cap
+        if policy not in self.built:
+            self.built[policy] = self._build(policy, f"{self.base}-p{len(self.built)}")
+        self.runner.index, cap = self.built[policy]
+        return cap
+
+    def _build(self, policy: dfstats.Policy, name: str) -> tuple[str, int | None]:
+        if self.table is None:
+            self.table = enrich.term_table(self.engine, self.base, self.settings.enrich.df_basis)
+        cap = policy.cap(self.table.n_docs, self.table.df.values())
+        self.engine.create_index(self.settings.index.model_copy(update={"name": name}),
+                                 recreate=True)
+
+        def documents() -> Iterator[dict]:
+            for hit in self.engine.scan(self.base):
+                doc = {"_id": hit["_id"], **hit["_source"]}
+                stored = self.table.per_doc.get(hit["_id"])
+                if stored is not None:
+                    doc["enrich_echo"], doc["enrich_bridge"] = enrich.enrichment_fields(
+                        enrich.kept_terms(stored, self.table.df, cap))
+                yield doc
+
+        result = self.engine.bulk_index(name, documents())
+        if result.failed:
+            raise RuntimeError(f"{name}: {result.failed} documents rejected: "
+                               f"{result.failures[0].reason}")
+        self.engine.refresh(name)
+        return name, cap
+
+    def cleanup(self, keep: dfstats.Policy | None) -> str | None:
+        """Delete the policy indices but ``keep``'s; return the kept index name."""
+        kept = None
+        for policy, (name, _) in self.built.items():
+            if policy == keep:
+                kept = name
+            else:
+                self.engine.delete_index(name)
+        return kept
 
 
 def _tune(runner: Runner, apply: Applier, dev: Split, report: Report,
@@ -361,7 +393,6 @@ def prepare_index(engine: Engine, settings: Settings, dataset: Path, proposals: 
         if ignored:
             notes.append(f"{ignored} proposal line(s) for left-out documents ignored")
     engine.put_meta(index, {"bench_key": key, "bench_notes": notes})
-    engine.force_merge(index)
     return notes
 
 
@@ -391,7 +422,7 @@ def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path 
         "sketches": str(sketches_path or ""), "queries": len(test.queries)}, notes=notes)
     phrasings = load_phrasings(dataset / "queries.jsonl")
     runner = Runner(engine, settings, sketches, phrasings)
-    apply = Applier(engine, settings)
+    apply = Applier(engine, settings, runner)
     best = _tune(runner, apply, dev, report, has_proposals, has_sketches,
                  progress("tuning on dev", tuning_steps(has_proposals, has_sketches)))
 
@@ -422,8 +453,8 @@ def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path 
         if config.sketch:
             row["w"], row["max_n"] = w, max_n
         report.rows[config.name] = row
-    if has_proposals:
-        apply(best["rank"])  # leave the index in its default state
+    if has_proposals:  # keep the index of the default policy for a look at it
+        report.settings["index"] = apply.cleanup(keep=best["rank"])
 
     base = report.per_query.get("bm25", {})
     qids = sorted(test.qrels)

@@ -246,12 +246,6 @@ class Engine:
     def refresh(self, name: str) -> None:
         self.client.indices.refresh(index=name)
 
-    def force_merge(self, name: str) -> None:
-        """Merge to one segment: BM25 statistics count deleted (updated) documents until
-        their segments merge, so a measurement after many updates merges first."""
-        self.client.indices.forcemerge(index=name, max_num_segments=1)
-        self.refresh(name)
-
     def get_mapping(self, name: str) -> dict:
         return dict(self.client.indices.get_mapping(index=name))[name]["mappings"]
 

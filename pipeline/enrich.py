@@ -207,6 +207,16 @@ class ApplySummary:
                 f"bridge {self.kept['bridge']})")
 
 
+def kept_terms(stored: list[dict], df: dict[str, int], cap: int | None) -> list[dict]:
+    return [t for t in stored if dfstats.keeps(df.get(t["norm"], 0), cap)]
+
+
+def enrichment_fields(kept: list[dict]) -> tuple[list[str], list[str]]:
+    """(enrich_echo, enrich_bridge) values of the kept terms."""
+    return ([t["text"] for t in kept if t["class"] == terms.ECHO],
+            [t["text"] for t in kept if t["class"] == terms.BRIDGE])
+
+
 def apply(engine: Engine, settings: Settings, policy: dfstats.Policy | None = None,
           basis: DfBasis | None = None, table: TermTable | None = None) -> ApplySummary:
     """Write the enrichment fields of every proposed document under ``policy``. ``table``:
@@ -220,11 +230,10 @@ def apply(engine: Engine, settings: Settings, policy: dfstats.Policy | None = No
     at = now_iso()
     updates, pending = [], {}
     for doc_id, stored in table.per_doc.items():
-        kept = [t for t in stored if dfstats.keeps(table.df.get(t["norm"], 0), cap)]
+        kept = kept_terms(stored, table.df, cap)
         summary.proposed_terms += len(stored)
         summary.kept.update(t["class"] for t in kept)
-        fields = ([t["text"] for t in kept if t["class"] == terms.ECHO],
-                  [t["text"] for t in kept if t["class"] == terms.BRIDGE])
+        fields = enrichment_fields(kept)
         status = table.status[doc_id]
         if table.written.get(doc_id) == fields and status != PROPOSED:
             continue  # stored exactly so already
