@@ -11,6 +11,7 @@ refilter``), e.g. after the collection grew.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -53,7 +54,9 @@ def _batched(items: Iterable, size: int) -> Iterator[list]:
 def store_proposals(engine: Engine, index: str, proposals: dict[str, list[str]],
                     sources: dict[str, dict], *, model: str, prompt_version: str,
                     stance: str, job: str | None = None,
-                    calls: dict[str, int] | None = None) -> BulkResult:
+                    calls: dict[str, int] | None = None, model_ms: int = 0) -> BulkResult:
+    """``calls``: model requests per document; ``model_ms``: each document's share of the
+    time its batch waited for the model (the job sums them to tell model time apart)."""
     """Normalise and classify ``proposals`` against their documents and write them."""
     bodies = {i: document_body(sources[i].get("title", ""), sources[i].get("text", ""))
               for i in proposals}
@@ -71,18 +74,18 @@ def store_proposals(engine: Engine, index: str, proposals: dict[str, list[str]],
                      "prompt_version": prompt_version,
                      "proposed_hash": sira.get("content_hash"), "proposed_at": at,
                      "attempts": int(sira.get("attempts") or 0) + 1, "job": job,
-                     "calls": (calls or {}).get(doc_id, 0)},
+                     "calls": (calls or {}).get(doc_id, 0), "model_ms": model_ms},
         }))
     return engine.bulk_update(index, updates)
 
 
 def record_failures(engine: Engine, index: str, reasons: dict[str, str],
                     sources: dict[str, dict], *, job: str | None = None,
-                    calls: dict[str, int] | None = None) -> BulkResult:
+                    calls: dict[str, int] | None = None, model_ms: int = 0) -> BulkResult:
     updates = [(doc_id, {"sira": {
         "status": FAILED, "reason": reason[:2000],
         "attempts": int(sources.get(doc_id, {}).get("sira", {}).get("attempts") or 0) + 1,
-        "job": job, "calls": (calls or {}).get(doc_id, 0),
+        "job": job, "calls": (calls or {}).get(doc_id, 0), "model_ms": model_ms,
     }}) for doc_id, reason in reasons.items()]
     return engine.bulk_update(index, updates)
 
@@ -122,24 +125,26 @@ def propose(engine: Engine, settings: Settings, client: ModelClient, *,
         sources = {doc_id: source for doc_id, source in batch}
         todo = [doc_id for doc_id, source in batch if needs_proposals(source, prompt.version)]
         summary.unchanged += len(batch) - len(todo)
+        started = time.monotonic()
         answers = client.keywords(prompt, [
             (i, document_body(sources[i].get("title", ""), sources[i].get("text", "")))
             for i in todo])
+        model_ms = int((time.monotonic() - started) * 1000 / max(len(todo), 1))
         summary.model_calls += sum(a.calls for a in answers)
         good = {a.key: a.keywords for a in answers if a.ok}
         bad = {a.key: a.reason or "unknown failure" for a in answers if not a.ok}
         calls = {a.key: a.calls for a in answers}
         written = store_proposals(engine, index, good, sources, model=client.model,
                                   prompt_version=prompt.version, stance=prompt.stance,
-                                  job=job, calls=calls)
-        failed = record_failures(engine, index, bad, sources, job=job, calls=calls)
+                                  job=job, calls=calls, model_ms=model_ms)
+        failed = record_failures(engine, index, bad, sources, job=job, calls=calls,
+                                 model_ms=model_ms)
         summary.proposed += written.ok
         summary.failed += len(bad)
         summary.reasons.update(reason.split(":")[0] for reason in bad.values())
         summary.rejected += written.failures + failed.failures
         if on_progress:
             on_progress(len(batch))
-    engine.refresh(index)
     return summary
 
 

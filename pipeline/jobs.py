@@ -82,8 +82,10 @@ class JobSummary:
     failed: int = 0
     failure_reasons: list[tuple[str, int]] = field(default_factory=list)
     model_calls: int = 0
+    model_s: float = 0.0  # time batches waited for the model, summed over all workers
     requeued: int = 0
     wall_s: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
     load: LoadReport = field(default_factory=LoadReport)
     rejected: list = field(default_factory=list)
 
@@ -93,7 +95,8 @@ class JobSummary:
                 f"changed, {self.unchanged} unchanged, {self.skipped_input} bad inputs "
                 f"skipped); {self.sent} sent to the model: {self.proposed} proposed, "
                 f"{self.failed} failed (top reasons: {reasons}); {self.enriched} enriched; "
-                f"{self.model_calls} model calls; {self.wall_s:.1f}s")
+                f"{self.model_calls} model calls; {self.wall_s:.1f}s ("
+                + ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items()) + ")")
 
 
 def source_documents(engine: Engine, source: str, report: LoadReport,
@@ -118,8 +121,8 @@ def source_documents(engine: Engine, source: str, report: LoadReport,
 
 def copy_documents(engine: Engine, settings: Settings, docs: Iterable[Document],
                    summary: JobSummary, batch: int = 500) -> None:
-    """Write new and changed documents (by content hash); leave unchanged ones, with their
-    proposals and enrichment, alone."""
+    """Write new and changed documents (by content hash), already queued for this job; leave
+    unchanged ones, with their proposals and enrichment, alone."""
     index = settings.index.name
     it = iter(docs)
     while chunk := [d for _, d in zip(range(batch), it, strict=False)]:
@@ -134,14 +137,18 @@ def copy_documents(engine: Engine, settings: Settings, docs: Iterable[Document],
             else:
                 summary.unchanged += 1
                 continue
-            fresh.append(doc.to_index())
+            body = doc.to_index()
+            body["sira"] |= {"status": QUEUED, "job": summary.job}
+            fresh.append(body)
         result = engine.bulk_index(index, fresh)
         summary.rejected += result.failures
         summary.documents += len(chunk)
 
 
-def documents_to_send(engine: Engine, settings: Settings, prompt_version: str) -> list[str]:
-    """Pending, changed, or failed-and-retryable documents (not yet at max attempts)."""
+def documents_to_send(engine: Engine, settings: Settings, prompt_version: str
+                      ) -> list[tuple[str, str | None]]:
+    """(id, job) of pending, changed, or failed-and-retryable documents (not yet at max
+    attempts)."""
     out = []
     for hit in engine.scan(settings.index.name, source=["sira"]):
         sira = hit["_source"].get("sira", {})
@@ -149,7 +156,7 @@ def documents_to_send(engine: Engine, settings: Settings, prompt_version: str) -
                 int(sira.get("attempts") or 0) >= settings.worker.max_doc_attempts:
             continue
         if enrich.needs_proposals(hit["_source"], prompt_version):
-            out.append(hit["_id"])
+            out.append((hit["_id"], sira.get("job")))
     return out
 
 
@@ -181,6 +188,12 @@ def reindex(
     started = time.monotonic()
     job = uuid.uuid4().hex[:12]
     summary = JobSummary(job)
+
+    def phase(name: str, since: list[float] = [started]) -> None:  # noqa: B006 (the clock)
+        now = time.monotonic()
+        summary.phases[name] = now - since[0]
+        since[0] = now
+
     index = settings.index.name
     app = app or worker.make_app(settings)
     engine.create_index(settings.index)
@@ -191,25 +204,33 @@ def reindex(
     else:
         summary.documents = engine.count(index)
     engine.refresh(index)
+    phase("copy")
 
     todo = documents_to_send(engine, settings, enrich.prompt_for(settings).version)
     summary.sent = len(todo)
     if todo:
+        # documents copied now are queued for this job already; older ones are marked
+        stale = [i for i, job_of in todo if job_of != job]
         mark = engine.bulk_update(index, [(i, {"sira": {"status": QUEUED, "job": job}})
-                                          for i in todo])
+                                          for i in stale])
         summary.rejected += mark.failures
         engine.refresh(index)
+        todo = [i for i, _ in todo]
         _enqueue(app, index, todo, job, settings.enrich.batch_docs)
+        phase("queue")
         _wait(engine, settings, app, job, len(todo), summary, on_progress, poll, timeout)
+        phase("propose")
 
     counts = status_counts(engine, index, job)
     summary.proposed = counts["proposed"]
     summary.failed = counts["failed"]
     if counts[QUEUED]:
         raise JobFailed(f"{counts[QUEUED]} documents are still queued: not applying")
-    calls = engine.aggregate(index, {"c": {"sum": {"field": "sira.calls"}}},
-                             query={"term": {"sira.job": job}})
-    summary.model_calls = int(calls["c"]["value"] or 0)
+    sums = engine.aggregate(index, {"c": {"sum": {"field": "sira.calls"}},
+                                    "m": {"sum": {"field": "sira.model_ms"}}},
+                            query={"term": {"sira.job": job}})
+    summary.model_calls = int(sums["c"]["value"] or 0)
+    summary.model_s = float(sums["m"]["value"] or 0) / 1000
     reasons = engine.aggregate(index, {"r": {"terms": {"field": "sira.reason", "size": 5}}},
                                query={"bool": {"filter": [{"term": {"sira.job": job}},
                                                           {"term": {"sira.status": "failed"}}]}})
@@ -217,6 +238,7 @@ def reindex(
     applied = enrich.apply(engine, settings)
     summary.enriched = applied.enriched
     summary.rejected += applied.rejected
+    phase("apply")
     summary.wall_s = time.monotonic() - started
     return summary
 
