@@ -566,13 +566,16 @@ def latency(engine: Engine, settings: Settings, queries: dict[str, str],
         runner.expansion(qid, cap, max_n, True)
         validate_ms.append((time.perf_counter() - started) * 1000)
     took: dict[str, list[int]] = {"bm25": [], "two-clause": []}
+    wall: dict[str, list[float]] = {"bm25": [], "two-clause": []}
     for _ in range(repeat):
         for qid, text in queries.items():
             bodies = {"bm25": query.build_query(text, (), size=10, classes="none"),
                       "two-clause": query.build_query(
                           text, runner.expansion(qid, cap, max_n, True), w=w, size=10)}
             for name, body in bodies.items():
+                started = time.perf_counter()
                 took[name].append(int(engine.search(index, {**body, "_source": False})["took"]))
+                wall[name].append((time.perf_counter() - started) * 1000)
             if tick:
                 tick()
 
@@ -583,5 +586,6 @@ def latency(engine: Engine, settings: Settings, queries: dict[str, str],
     out["ratio_median"] = out["two-clause"]["median"] / max(out["bm25"]["median"], 1e-9)
     out["ratio_p95"] = out["two-clause"]["p95"] / max(out["bm25"]["p95"], 1e-9)
     out["validation_ms"] = stats(validate_ms)
+    out["client_ms"] = {name: stats(values) for name, values in wall.items()}
     out["queries"], out["repeat"] = len(queries), repeat
     return out

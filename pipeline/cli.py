@@ -481,6 +481,8 @@ def bench_latency_cmd(
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=True) as progress:
         bench.prepare_index(engine, settings, dataset, proposals, recreate=False)
+        if proposals:
+            enrich.apply(engine, settings)  # the default policy: search the enriched index
         task = progress.add_task("searching", total=len(queries) * repeat)
         figures = bench.latency(engine, settings, queries, bench.load_sketches(sketches, known),
                                 w=w, repeat=repeat, tick=lambda: progress.advance(task))
@@ -489,6 +491,8 @@ def bench_latency_cmd(
               f"{figures['bm25']['p95']:.1f}; two-clause median "
               f"{figures['two-clause']['median']:.1f} / p95 {figures['two-clause']['p95']:.1f}; "
               f"ratio median {figures['ratio_median']:.2f}, p95 {figures['ratio_p95']:.2f}; "
+              f"round trip from the client (ms) median {figures['client_ms']['bm25']['median']:.1f}"
+              f" vs {figures['client_ms']['two-clause']['median']:.1f}; "
               f"sketch validation (client-side, one request) median "
               f"{figures['validation_ms']['median']:.1f} ms / p95 "
               f"{figures['validation_ms']['p95']:.1f} ms")
