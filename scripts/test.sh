@@ -1,8 +1,27 @@
 #!/usr/bin/env bash
-# README command 2: install, fetch the engines (cached in ~/.m2), run the whole test suite
-# against real OpenSearch (1 and 3 nodes) and real Elasticsearch.
+# README command 2: install what the tests need, fetch the engines (cached in ~/.m2), run the
+# whole suite against real OpenSearch (1 and 3 nodes), real Elasticsearch and a real Redis.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Debian packages: Maven (fetches the engines), redis-server (the job tests), setpriv
+need_apt=()
+command -v mvn >/dev/null || need_apt+=(maven)
+command -v redis-server >/dev/null || need_apt+=(redis-server)
+command -v setpriv >/dev/null || need_apt+=(util-linux)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing: ${need_apt[*]} (install them with apt-get as root)" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+# kustomize renders the Kubernetes overlays for their validation test (a Go module)
+if ! command -v kustomize >/dev/null && [ ! -x "$HOME/go/bin/kustomize" ]; then
+  go install sigs.k8s.io/kustomize/kustomize/v5@v5.7.1
+fi
+
 bash scripts/bootstrap.sh
 .venv/bin/sira engine fetch --kind opensearch
 .venv/bin/sira engine fetch --kind elasticsearch
