@@ -410,6 +410,19 @@ def reindex_cmd(
 # -- bench ---------------------------------------------------------------------------------
 
 
+def _bench_settings(ctx: typer.Context, dataset: Path, proposals: Path | None, k1: float,
+                    b: float) -> Settings:
+    """Settings of a bench index: its name carries a key of its inputs and settings, so a
+    later run with the same ones reuses it."""
+    from pipeline import bench
+
+    settings = _settings(ctx)
+    settings.index = settings.index.model_copy(update={"bm25_k1": k1, "bm25_b": b})
+    key = bench.bench_key(dataset, proposals, settings)
+    settings.index = settings.index.model_copy(update={"name": f"bench-{dataset.name}-{key}"})
+    return settings
+
+
 @app.command("bench")
 def bench_cmd(
     ctx: typer.Context,
@@ -434,10 +447,7 @@ def bench_cmd(
     """Measure every configuration on a BEIR collection; print a Markdown table."""
     from pipeline import bench
 
-    settings = _settings(ctx)
-    settings.index = settings.index.model_copy(update={"bm25_k1": k1, "bm25_b": b})
-    key = bench.bench_key(dataset, proposals, settings)
-    settings.index = settings.index.model_copy(update={"name": f"bench-{dataset.name}-{key}"})
+    settings = _bench_settings(ctx, dataset, proposals, k1, b)
     engine = _connect(settings)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=True) as progress:
@@ -471,10 +481,7 @@ def bench_latency_cmd(
     """Engine time (took) of the two-clause query against plain BM25: median, p95, ratio."""
     from pipeline import bench
 
-    settings = _settings(ctx)
-    settings.index = settings.index.model_copy(update={"bm25_k1": k1, "bm25_b": b})
-    key = bench.bench_key(dataset, proposals, settings)
-    settings.index = settings.index.model_copy(update={"name": f"bench-{dataset.name}-{key}"})
+    settings = _bench_settings(ctx, dataset, proposals, k1, b)
     engine = _connect(settings)
     queries, _ = bench.beir_split(dataset, split)
     known = set(load_queries(dataset / "queries.jsonl"))
