@@ -556,9 +556,7 @@ def latency(engine: Engine, settings: Settings, queries: dict[str, str],
     validated sketch, over the same index and queries, one search per request. Validation
     (one aggregation request per query) is timed apart; the model call is not part of this."""
     index = settings.index.name
-    cap = dfstats.Policy.from_settings(settings.enrich).cap(0, []) \
-        if not engine.get_meta(index).get("sira_filter") else \
-        engine.get_meta(index)["sira_filter"]["cap"]
+    cap = query.active_cap(engine, index, settings)
     runner = Runner(engine, settings, sketches)
     validate_ms = []
     for qid in queries:
