@@ -137,12 +137,14 @@ def propose(engine: Engine, settings: Settings, client: ModelClient, *,
         written = store_proposals(engine, index, good, sources, model=client.model,
                                   prompt_version=prompt.version, stance=prompt.stance,
                                   job=job, calls=calls, model_ms=model_ms)
+        # a document whose proposals the engine refused is a failed document, not a lost one
+        bad |= {f.id: f"engine rejected the proposals: {f.reason}" for f in written.failures}
         failed = record_failures(engine, index, bad, sources, job=job, calls=calls,
                                  model_ms=model_ms)
         summary.proposed += written.ok
         summary.failed += len(bad)
         summary.reasons.update(reason.split(":")[0] for reason in bad.values())
-        summary.rejected += written.failures + failed.failures
+        summary.rejected += failed.failures  # not even the failure could be recorded
         if on_progress:
             on_progress(len(batch))
     return summary

@@ -21,6 +21,7 @@ ANSWERS = {
     "Heap sizing": ["JVM heap", "garbage collector", "Xmx flag", "the"],
     "Snapshot repositories": ["S3 backup", "snapshot lifecycle"],
     "Flaky answer": ["rate limited once"],
+    "Oversized answer": ["x" * 40_000],  # a keyword term the engine refuses (> 32 KB)
 }
 
 
@@ -52,6 +53,7 @@ DOCS = [
     ("snap", "Snapshot repositories", "Register a repository and take snapshots."),
     ("flaky", "Flaky answer", "FAULT:429:1"),
     ("poison", "Poison document", "The model never answers this one properly. FAULT:garbage"),
+    ("huge", "Oversized answer", "The engine refuses what the model proposed."),
 ]
 
 
@@ -62,8 +64,11 @@ def test_propose_apply_and_idempotence(engine: Engine, fresh_index: IndexSetting
     client = client_for(settings)
 
     first = enrich.propose(engine, settings, client)
-    assert (first.proposed, first.failed, first.unchanged) == (3, 1, 0)
-    assert list(first.reasons) == ["answer is not JSON (Expecting value)"]
+    assert (first.proposed, first.failed, first.unchanged) == (3, 2, 0)
+    assert sorted(first.reasons) == ["answer is not JSON (Expecting value)",
+                                     "engine rejected the proposals"]
+    huge = engine.get(fresh_index.name, "huge")["sira"]
+    assert huge["status"] == "failed" and "engine rejected the proposals" in huge["reason"]
 
     heap = engine.get(fresh_index.name, "heap")
     stored = heap["sira_proposals"]
@@ -93,9 +98,10 @@ def test_propose_apply_and_idempotence(engine: Engine, fresh_index: IndexSetting
 
     calls_before = dict(model.calls)
     again = enrich.propose(engine, settings, client)
-    assert (again.unchanged, again.proposed, again.failed) == (3, 0, 1)  # only the failure
+    assert (again.unchanged, again.proposed, again.failed) == (3, 0, 2)  # only the failures
     assert {k: model.calls[k] - calls_before.get(k, 0) for k in model.calls} == {
-        "Heap sizing": 0, "Snapshot repositories": 0, "Flaky answer": 0, "Poison document": 2}
+        "Heap sizing": 0, "Snapshot repositories": 0, "Flaky answer": 0, "Poison document": 2,
+        "Oversized answer": 1}
 
     load(engine, fresh_index.name, [("snap", "Snapshot repositories",
                                      "Now about searchable snapshots.")])
