@@ -243,6 +243,7 @@ def _sketch(settings: Settings, client: ModelClient | None, text: str
             ) -> tuple[list[str] | None, int | None, str | None]:
     """(terms, model milliseconds, note). A model that fails or times out only costs the
     expansion: the search goes on with the literal query."""
+    owned = client is None
     if client is None:
         if not settings.llm.url:
             return None, None, "expansion skipped: no model server configured (SIRA_LLM__URL)"
@@ -250,7 +251,11 @@ def _sketch(settings: Settings, client: ModelClient | None, text: str
             "read_timeout": settings.llm.search_timeout, "max_attempts": 1}))
     prompt = query_prompt(settings.enrich.max_terms, settings.index.max_ngram)
     started = time.monotonic()
-    answer = client.keywords(prompt, [("query", text)])[0]
+    try:
+        answer = client.keywords(prompt, [("query", text)])[0]
+    finally:
+        if owned:  # a client made for this one search
+            client.close()
     elapsed = int((time.monotonic() - started) * 1000)
     if not answer.ok:
         return None, elapsed, f"expansion skipped: {answer.reason}"

@@ -3,6 +3,8 @@ malformed and truncated answers, both API modes."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -93,3 +95,14 @@ def test_prompt_versions_and_cut() -> None:
     assert short.messages("x" * 1000)[1]["content"].endswith("\n\n" + "x" * 300)
     assert "NOT already appear" in other.instructions and "own most distinctive" in \
         PROMPT.instructions
+
+
+def test_one_loop_and_client_for_the_life_of_the_object(server: FakeModelServer) -> None:
+    model = client(server)
+    before = threading.active_count()
+    for _ in range(3):
+        assert model.keywords(PROMPT, [("plain", "text")])[0].keywords == ["heap size", "JVM"]
+    assert threading.active_count() == before + 1  # one loop thread, reused
+    model.close()
+    time.sleep(0.2)
+    assert threading.active_count() == before
