@@ -101,7 +101,8 @@ def test_one_loop_and_client_for_the_life_of_the_object(server: FakeModelServer)
     model = client(server)
     before = threading.active_count()
     for _ in range(3):
-        assert model.keywords(PROMPT, [("plain", "text")])[0].keywords == ["heap size", "JVM"]
+        answer = model.keywords(PROMPT, [("plain", document_body("plain", "text"))])[0]
+        assert answer.keywords == ["heap size", "JVM"]
     assert threading.active_count() == before + 1  # one loop thread, reused
     model.close()
     time.sleep(0.2)
