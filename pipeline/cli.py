@@ -36,8 +36,16 @@ SAMPLE = Path(__file__).parent / "sample"
 LOCAL = "local"
 
 
-def _settings(ctx: typer.Context) -> Settings:
-    return ctx.obj
+IndexOpt = Annotated[str | None, typer.Option("--index", help="Index name (else the global "
+                                              "--index, else SIRA_INDEX__NAME).")]
+
+
+def _settings(ctx: typer.Context, index: str | None = None) -> Settings:
+    """The settings built by the main callback, with a command's own --index applied."""
+    settings: Settings = ctx.obj
+    if index:
+        settings.index = settings.index.model_copy(update={"name": index})
+    return settings
 
 
 @app.callback()
@@ -161,9 +169,10 @@ def index_cmd(
     recreate: Annotated[bool, typer.Option(help="Drop the index first.")] = False,
     shards: Annotated[int | None, typer.Option(help="Primary shards of a new index.")] = None,
     strict: Annotated[bool, typer.Option(help="Exit 1 if any input was skipped.")] = False,
+    index: IndexOpt = None,
 ) -> None:
     """Load a corpus into the index (created from mappings/ if missing)."""
-    settings = _settings(ctx)
+    settings = _settings(ctx, index)
     if shards:
         settings.index = settings.index.model_copy(update={"shards": shards})
     engine = _connect(settings)
@@ -215,9 +224,10 @@ def search_cmd(
     explain: Annotated[bool, typer.Option(help="Show the sketch, validation and what "
                                           "matched per hit.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    index: IndexOpt = None,
 ) -> None:
     """Search: BM25 over title + text + enrichment, optionally with a validated sketch."""
-    settings = _settings(ctx)
+    settings = _settings(ctx, index)
     result = search(_connect(settings), settings, text, also=also or [], expand=expand, w=w,
                     size=size, classes=classes, explain=explain or as_json)
     if as_json:
@@ -229,7 +239,7 @@ def search_cmd(
 @template_app.command("install")
 def template_install(ctx: typer.Context) -> None:
     """Store the two-clause search template in the engine (for Kibana / Dashboards)."""
-    engine = _connect(_settings(ctx))
+    engine = _connect(_settings(ctx))  # templates belong to the cluster, not to an index
     if not engine.capabilities.search_templates:
         raise _fail("this engine has no mustache search templates (lang-mustache module)")
     out.print(f"stored search template '{install_template(engine)}'")
@@ -267,10 +277,10 @@ def enrich_cmd(
                                                   "document; new+key: also its key terms.")]
     = None,
     policy: PolicyOpt = None, k: KOpt = None, ratio: RatioOpt = None, cap: CapOpt = None,
-    basis: BasisOpt = None,
+    basis: BasisOpt = None, index: IndexOpt = None,
 ) -> None:
     """Propose terms for every document that needs them (model), then apply the DF filter."""
-    settings = _settings(ctx)
+    settings = _settings(ctx, index)
     if stance:
         settings.enrich = settings.enrich.model_copy(update={"stance": stance})
     _policy_options(settings, policy, k, ratio, cap, basis)
@@ -295,18 +305,19 @@ def enrich_cmd(
 
 @app.command("refilter")
 def refilter_cmd(ctx: typer.Context, policy: PolicyOpt = None, k: KOpt = None,
-                 ratio: RatioOpt = None, cap: CapOpt = None, basis: BasisOpt = None) -> None:
+                 ratio: RatioOpt = None, cap: CapOpt = None, basis: BasisOpt = None,
+                 index: IndexOpt = None) -> None:
     """Re-apply the DF filter to the stored proposals (no model calls)."""
-    settings = _settings(ctx)
+    settings = _settings(ctx, index)
     _policy_options(settings, policy, k, ratio, cap, basis)
     _print_apply(enrich.apply(_connect(settings), settings))
 
 
 @app.command("stats")
 def stats_cmd(ctx: typer.Context, k: KOpt = None, ratio: RatioOpt = None, cap: CapOpt = None,
-              basis: BasisOpt = None) -> None:
+              basis: BasisOpt = None, index: IndexOpt = None) -> None:
     """Proposals per document, echo vs bridge, what each policy would drop, DF histogram."""
-    settings = _settings(ctx)
+    settings = _settings(ctx, index)
     _policy_options(settings, None, k, ratio, cap, basis)
     out.print_json(json.dumps(enrich.stats(_connect(settings), settings)))
 
@@ -317,9 +328,10 @@ def export_batch_cmd(
     path: Annotated[Path, typer.Argument(help="Output: a `vllm run-batch` input file.")],
     all_docs: Annotated[bool, typer.Option("--all", help="Every document, not only those "
                                            "that need proposals.")] = False,
+    index: IndexOpt = None,
 ) -> None:
     """Write the corpus-side requests as an OpenAI batch file for `vllm run-batch`."""
-    settings = _settings(ctx)
+    settings = _settings(ctx, index)
     count = batchfiles.export_batch(_connect(settings), settings, path, all_docs=all_docs)
     out.print(f"wrote {count} requests to {path}")
 
@@ -333,9 +345,10 @@ def import_proposals_cmd(
     prompt_version: Annotated[str | None, typer.Option(help="Prompt version to record.")]
     = None,
     apply: Annotated[bool, typer.Option(help="Apply the DF filter afterwards.")] = True,
+    index: IndexOpt = None,
 ) -> None:
     """Store recorded proposals as the online path does, then apply the filter."""
-    settings = _settings(ctx)
+    settings = _settings(ctx, index)
     engine = _connect(settings)
     summary = batchfiles.import_proposals(engine, settings, path, model=model,
                                           prompt_version=prompt_version)

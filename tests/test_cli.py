@@ -61,7 +61,8 @@ def test_index_then_search(engine: Engine, corpus: Path, monkeypatch: pytest.Mon
         strict = runner.invoke(app, ["--index", index, "index", str(corpus), "--strict"])
         assert strict.exit_code == 1
 
-        found = runner.invoke(app, ["--index", index, "search", "backup snapshots", "--json"])
+        # the command's own --index works as well as the global one
+        found = runner.invoke(app, ["search", "backup snapshots", "--json", "--index", index])
         assert found.exit_code == 0, found.output
         hits = json.loads(found.stdout)["hits"]
         assert [h["id"] for h in hits] == ["n3"]
