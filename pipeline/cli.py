@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -379,14 +380,8 @@ def _run_job(settings: Settings, engine: Engine, source: str | None, workers: in
         def show(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
 
-        pool = LocalWorkers(settings, workers) if workers else None
-        try:
-            if pool:
-                pool.__enter__()
+        with LocalWorkers(settings, workers) if workers else contextlib.nullcontext():
             return reindex(engine, settings, source, on_progress=show, timeout=timeout)
-        finally:
-            if pool:
-                pool.stop()
 
 
 @app.command("reindex")
