@@ -282,10 +282,7 @@ def stats(engine: Engine, settings: Settings) -> dict:
     n_with = len(table.per_doc)
     all_terms = [t for stored in table.per_doc.values() for t in stored]
     classes = Counter(t["class"] for t in all_terms)
-    kept_now = sum(len(h["_source"].get("enrich_echo", [])) +
-                   len(h["_source"].get("enrich_bridge", []))
-                   for h in engine.scan(index, {"exists": {"field": "sira.enriched_at"}},
-                                        source=["enrich_echo", "enrich_bridge"]))
+    kept_now = sum(len(echo) + len(bridge) for echo, bridge in table.written.values())
     policies = {}
     for p in (dfstats.Policy("none"), dfstats.Policy("ratio", ratio=e.ratio),
               dfstats.Policy("absolute", absolute_cap=e.absolute_cap),

@@ -189,10 +189,12 @@ def reindex(
     job = uuid.uuid4().hex[:12]
     summary = JobSummary(job)
 
-    def phase(name: str, since: list[float] = [started]) -> None:  # noqa: B006 (the clock)
+    clock = [started]
+
+    def phase(name: str) -> None:
         now = time.monotonic()
-        summary.phases[name] = now - since[0]
-        since[0] = now
+        summary.phases[name] = now - clock[0]
+        clock[0] = now
 
     index = settings.index.name
     app = app or worker.make_app(settings)

@@ -60,34 +60,32 @@ def farm() -> Iterator[EngineFarm]:
         farm.stop_started()
 
 
+def _serve(farm: EngineFarm, name: str) -> Iterator[Engine]:
+    client = farm.engine(name)
+    yield client
+    client.close()
+
+
 @pytest.fixture(scope="session", params=["opensearch", "elasticsearch"])
 def engine(request: pytest.FixtureRequest, farm: EngineFarm) -> Iterator[Engine]:
     """Each engine-behaviour test runs once on OpenSearch and once on Elasticsearch."""
-    client = farm.engine(request.param)
-    yield client
-    client.close()
+    yield from _serve(farm, request.param)
 
 
 @pytest.fixture(scope="session")
 def opensearch(farm: EngineFarm) -> Iterator[Engine]:
-    client = farm.engine("opensearch")
-    yield client
-    client.close()
+    yield from _serve(farm, "opensearch")
 
 
 @pytest.fixture(scope="session")
 def elasticsearch(farm: EngineFarm) -> Iterator[Engine]:
-    client = farm.engine("elasticsearch")
-    yield client
-    client.close()
+    yield from _serve(farm, "elasticsearch")
 
 
 @pytest.fixture(scope="session")
 def cluster(farm: EngineFarm) -> Iterator[Engine]:
     """A real 3-node OpenSearch cluster."""
-    client = farm.engine("opensearch-3nodes")
-    yield client
-    client.close()
+    yield from _serve(farm, "opensearch-3nodes")
 
 
 @pytest.fixture
