@@ -18,7 +18,7 @@ from rich.table import Table
 from pipeline import batchfiles, enrich, servers
 from pipeline.config import DfBasis, EngineKind, PolicyKind, Settings, Stance
 from pipeline.engine import Engine, EngineUnavailable
-from pipeline.jobs import IndexSummary, JobFailed, JobSummary, index_corpus, reindex
+from pipeline.jobs import IndexSummary, JobFailed, JobSummary, index_corpus, merge_line, reindex
 from pipeline.llm import ModelClient, NotConfigured
 from pipeline.loaders import CorpusError, count_items, is_beir_folder, load_queries
 from pipeline.query import Classes, SearchResult, install_template, search
@@ -271,6 +271,19 @@ def _print_apply(summary: enrich.ApplySummary) -> None:
     out.print(f"{summary.line()}")
 
 
+MergeOpt = Annotated[bool, typer.Option(
+    "--force-merge", help="End by merging the index into one segment, dropping the deleted "
+    "copies that updates leave (they count in BM25 statistics and slow searches). For an "
+    "index that is done being written; waits up to two minutes for the engine to release "
+    "them.")]
+
+
+def _force_merge(engine: Engine, index: str) -> None:
+    with err.status(f"force-merging {index}"):
+        merged = engine.force_merge(index)
+    out.print(merge_line(merged))
+
+
 @app.command("enrich")
 def enrich_cmd(
     ctx: typer.Context,
@@ -278,7 +291,7 @@ def enrich_cmd(
                                                   "document; new+key: also its key terms.")]
     = None,
     policy: PolicyOpt = None, k: KOpt = None, ratio: RatioOpt = None, cap: CapOpt = None,
-    basis: BasisOpt = None, index: IndexOpt = None,
+    basis: BasisOpt = None, index: IndexOpt = None, force_merge: MergeOpt = False,
 ) -> None:
     """Propose terms for every document that needs them (model), then apply the DF filter."""
     settings = _settings(ctx, index)
@@ -300,6 +313,8 @@ def enrich_cmd(
         err.print(f"failed {count} document(s): {reason}")
     out.print(f"propose: {proposed.line()}")
     _print_apply(enrich.apply(engine, settings))
+    if force_merge:
+        _force_merge(engine, settings.index.name)
     if proposed.failed or proposed.rejected:
         raise typer.Exit(1)
 
@@ -307,11 +322,14 @@ def enrich_cmd(
 @app.command("refilter")
 def refilter_cmd(ctx: typer.Context, policy: PolicyOpt = None, k: KOpt = None,
                  ratio: RatioOpt = None, cap: CapOpt = None, basis: BasisOpt = None,
-                 index: IndexOpt = None) -> None:
+                 index: IndexOpt = None, force_merge: MergeOpt = False) -> None:
     """Re-apply the DF filter to the stored proposals (no model calls)."""
     settings = _settings(ctx, index)
     _policy_options(settings, policy, k, ratio, cap, basis)
-    _print_apply(enrich.apply(_connect(settings), settings))
+    engine = _connect(settings)
+    _print_apply(enrich.apply(engine, settings))
+    if force_merge:
+        _force_merge(engine, settings.index.name)
 
 
 @app.command("stats")
@@ -366,7 +384,7 @@ def import_proposals_cmd(
 
 
 def _run_job(settings: Settings, engine: Engine, source: str | None, workers: int,
-             timeout: float | None) -> JobSummary:
+             timeout: float | None, force_merge: bool = False) -> JobSummary:
     from pipeline.localworkers import LocalWorkers
 
     if workers:
@@ -381,7 +399,8 @@ def _run_job(settings: Settings, engine: Engine, source: str | None, workers: in
             progress.update(task, completed=done, total=total)
 
         with LocalWorkers(settings, workers) if workers else contextlib.nullcontext():
-            return reindex(engine, settings, source, on_progress=show, timeout=timeout)
+            return reindex(engine, settings, source, on_progress=show, timeout=timeout,
+                           force_merge=force_merge)
 
 
 @app.command("reindex")
@@ -395,6 +414,7 @@ def reindex_cmd(
                                          "(0: workers run elsewhere).")] = 0,
     timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")]
     = None,
+    force_merge: MergeOpt = False,
 ) -> None:
     """Copy documents into the target, enrich them with Celery workers, apply the filter.
     Re-running resumes: only pending, failed-and-retryable or changed documents are sent."""
@@ -405,7 +425,7 @@ def reindex_cmd(
                     "/v1 URL), or import recorded proposals with `sira import-proposals`")
     engine = _connect(settings)
     try:
-        summary = _run_job(settings, engine, source, workers, timeout)
+        summary = _run_job(settings, engine, source, workers, timeout, force_merge)
     except (JobFailed, CorpusError) as exc:
         raise _fail(str(exc), 1) from exc
     for problem in summary.load.problems[:20]:
@@ -496,21 +516,31 @@ def bench_latency_cmd(
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err, transient=True) as progress:
         bench.prepare_index(engine, settings, dataset, proposals, recreate=False)
-        if proposals:
-            enrich.apply(engine, settings)  # the default policy: search the enriched index
-        task = progress.add_task("searching", total=len(queries) * repeat)
+        task = progress.add_task("searching", total=len(queries) * repeat * 2)
         figures = bench.latency(engine, settings, queries, bench.load_sketches(sketches, known),
                                 w=w, repeat=repeat, tick=lambda: progress.advance(task))
-    out.print(f"{dataset.name}, {engine.kind}, {figures['queries']} queries x {repeat}: "
-              f"took (ms) plain BM25 median {figures['bm25']['median']:.1f} / p95 "
-              f"{figures['bm25']['p95']:.1f}; two-clause median "
-              f"{figures['two-clause']['median']:.1f} / p95 {figures['two-clause']['p95']:.1f}; "
-              f"ratio median {figures['ratio_median']:.2f}, p95 {figures['ratio_p95']:.2f}; "
-              f"round trip from the client (ms) median {figures['client_ms']['bm25']['median']:.1f}"
-              f" vs {figures['client_ms']['two-clause']['median']:.1f}; "
-              f"sketch validation (client-side, one request) median "
-              f"{figures['validation_ms']['median']:.1f} ms / p95 "
-              f"{figures['validation_ms']['p95']:.1f} ms")
+    out.print(f"{dataset.name}, {engine.kind}: {figures['queries']} queries x {repeat}, "
+              f"{figures['expansion_terms']:.1f} sketch terms kept per query; took in ms")
+    table = Table()
+    for column in ("index", "query", "took mean", "median", "p95", "client median",
+                   "two-clause / row (means)"):
+        table.add_column(column, justify="left" if column in ("index", "query") else "right")
+    labels = {"bm25": "plain BM25 (title + text)",
+              "literal": "literal clause (+ enrichment)", "two-clause": "two-clause (+ sketch)"}
+    for state in ("as written", "force-merged"):
+        timings = figures[state]
+        seg = timings["segments"]
+        where = f"{state}: {seg['segments']} segment(s), {seg['deleted_docs']} deleted"
+        for name, label in labels.items():
+            took = timings[name]
+            ratio = "" if name == "two-clause" else f"{timings[f'ratio_{name}']['mean']:.2f}x"
+            table.add_row(where if name == "bm25" else "", label, f"{took['mean']:.2f}",
+                          f"{took['median']:.0f}", f"{took['p95']:.0f}",
+                          f"{timings['client_ms'][name]['median']:.2f}", ratio)
+    out.print(table)
+    out.print(f"Sketch validation (client side, one request per query): median "
+              f"{figures['validation_ms']['median']:.1f} ms, p95 "
+              f"{figures['validation_ms']['p95']:.1f} ms. The model call is not included.")
 
 
 @app.command("demo")

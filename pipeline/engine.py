@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -245,6 +246,32 @@ class Engine:
 
     def refresh(self, name: str) -> None:
         self.client.indices.refresh(index=name)
+
+    def segments(self, name: str) -> dict[str, int]:
+        """Lucene segments of an index and the deleted documents they still hold."""
+        rows = self.client.cat.segments(index=name, format="json")
+        return {"segments": len(rows),
+                "deleted_docs": sum(int(r.get("docs.deleted") or 0) for r in rows)}
+
+    def force_merge(self, name: str, wait_s: float = 120.0) -> dict[str, int]:
+        """Merge an index that is done being written into one segment, dropping the deleted
+        copies that updates left behind (they count in BM25 statistics and cost search time).
+        The engine keeps deleted copies until its shard history retention lease catches up
+        (synced every 30 s by default), so this merges again until none are left or
+        ``wait_s`` has passed; returns what is left."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            if self.kind == "elasticsearch":
+                self.client.options(request_timeout=3600).indices.forcemerge(
+                    index=name, max_num_segments=1)
+            else:
+                self.client.indices.forcemerge(index=name, max_num_segments=1,
+                                               request_timeout=3600)
+            self.refresh(name)
+            state = self.segments(name)
+            if state["deleted_docs"] == 0 or time.monotonic() > deadline:
+                return state
+            time.sleep(5)
 
     def get_mapping(self, name: str) -> dict:
         return dict(self.client.indices.get_mapping(index=name))[name]["mappings"]

@@ -88,6 +88,7 @@ class JobSummary:
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
     load: LoadReport = field(default_factory=LoadReport)
     rejected: list = field(default_factory=list)
+    merged: dict[str, int] | None = None  # segments and deleted copies after a force merge
 
     def line(self) -> str:
         reasons = "; ".join(f"{r} ({n})" for r, n in self.failure_reasons) or "none"
@@ -96,7 +97,13 @@ class JobSummary:
                 f"skipped); {self.sent} sent to the model: {self.proposed} proposed, "
                 f"{self.failed} failed (top reasons: {reasons}); {self.enriched} enriched; "
                 f"{self.model_calls} model calls; {self.wall_s:.1f}s ("
-                + ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items()) + ")")
+                + ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items()) + ")"
+                + (f"; {merge_line(self.merged)}" if self.merged else ""))
+
+
+def merge_line(merged: dict[str, int]) -> str:
+    return (f"force-merged into {merged['segments']} segment(s), "
+            f"{merged['deleted_docs']} deleted copies left")
 
 
 def source_documents(engine: Engine, source: str, report: LoadReport,
@@ -181,10 +188,12 @@ def reindex(
     on_progress: Callable[[int, int], None] | None = None,
     poll: float = 1.0,
     timeout: float | None = None,
+    force_merge: bool = False,
 ) -> JobSummary:
     """Copy ``source`` into the target index (created from mappings/ if missing; only new
     and changed documents are written), queue every document that needs proposals, wait for
-    the workers, then apply the DF filter. Re-running it resumes where it stopped."""
+    the workers, then apply the DF filter. Re-running it resumes where it stopped.
+    ``force_merge``: end by merging the index into one segment without deleted copies."""
     started = time.monotonic()
     job = uuid.uuid4().hex[:12]
     summary = JobSummary(job)
@@ -241,6 +250,9 @@ def reindex(
     summary.enriched = applied.enriched
     summary.rejected += applied.rejected
     phase("apply")
+    if force_merge:
+        summary.merged = engine.force_merge(index)
+        phase("merge")
     summary.wall_s = time.monotonic() - started
     return summary
 

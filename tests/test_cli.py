@@ -192,8 +192,12 @@ def test_enrich_refilter_stats_commands(opensearch: Engine, monkeypatch: pytest.
             assert "6/6 documents enriched (6 updated now), kept 12 of 12" in none.output
             none = runner.invoke(app, ["--index", index, "refilter", "--policy", "none"])
             assert "(0 updated now)" in none.output
-            runner.invoke(app, ["--index", index, "refilter", "--policy", "absolute",
-                                "--cap", "5", "--basis", "proposals"])
+            assert opensearch.segments(index)["deleted_docs"] > 0  # left by the updates
+            merged = runner.invoke(app, ["--index", index, "refilter", "--policy", "absolute",
+                                         "--cap", "5", "--basis", "proposals", "--force-merge"])
+            assert merged.exit_code == 0, merged.output
+            assert "force-merged into 1 segment(s), 0 deleted copies left" in merged.output
+            assert opensearch.segments(index) == {"segments": 1, "deleted_docs": 0}
             assert opensearch.get(index, "d0")["enrich_bridge"] == ["unique0"]
 
             stats = runner.invoke(app, ["--index", index, "stats", "--k", "1"])

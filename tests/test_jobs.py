@@ -222,8 +222,13 @@ def test_reindex_from_an_existing_index(opensearch: Engine, redis: RedisServer,
         try:
             index_corpus(opensearch, source, corpus)
             with LocalWorkers(settings, 1):
-                summary = reindex(opensearch, settings, source.index.name, timeout=120)
+                summary = reindex(opensearch, settings, source.index.name, timeout=120,
+                                  force_merge=True)
             assert (summary.documents, summary.new, summary.enriched) == (40, 40, 40)
+            # written three times per document, left as one segment with no deleted copies
+            assert summary.merged == {"segments": 1, "deleted_docs": 0} and \
+                "merge" in summary.phases
+            assert opensearch.segments(settings.index.name) == summary.merged
             copied = opensearch.get(settings.index.name, "d7")
             assert copied["title"] == "Doc 7" and copied["text"].startswith("body of document 7")
             assert copied["sira"]["status"] == "enriched"

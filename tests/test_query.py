@@ -74,6 +74,7 @@ def test_template_matches_python_query_and_resists_injection(enriched: tuple[Eng
     cases = [("read only index", [], "both"), ("memory", ["garbage collection"], "both"),
              ("memory", ["backup", "S3"], "bridge"), ("bulk", ["disk full"], "echo")]
     cases += [(text, ["backup"], "both") for text in INJECTIONS]
+    cases += [("memory", ["backup", text], "both") for text in INJECTIONS]  # in the sketch too
     for text, expansion, classes in cases:
         params = query.template_params(text, expansion, w=0.7, size=5, classes=classes)
         rendered = engine.render_search_template(query.TEMPLATE_ID, params)
