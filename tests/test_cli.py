@@ -233,7 +233,8 @@ def test_search_with_expansion_explain_and_template(opensearch: Engine,
             assert "sketch: ['backup', 'nonexistent words']" in result.output
             assert "expansion: ['backup']" in result.output
             assert "dropped 'nonexistent words': not in the index (DF 0)" in result.output
-            explained = "1. b [literal, expansion] contents: copi; enrich_bridge: backup"
+            # the sketch is scored on `enriched`: the bridge term "backup" found it
+            explained = "1. b [literal, expansion] contents: copi; enriched: backup"
             assert explained in result.output
 
             as_json = runner.invoke(app, ["--index", index, "search", "memory", "--json"])
