@@ -43,7 +43,8 @@ class IndexSettings(BaseModel):
     # (e.g. Pyserini's BEIR settings k1=0.9, b=0.4).
     bm25_k1: float = 1.2
     bm25_b: float = 0.75
-    # Longest phrase (in words) the shingle analyzer indexes as one term; 1..3.
+    # Longest proposed phrase, in words (the prompt asks for 1..max_ngram), and the longest
+    # part of a sketch phrase that validation looks up (max_n); 1..3.
     max_ngram: int = Field(default=3, ge=1, le=3)
 
 

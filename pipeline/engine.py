@@ -219,7 +219,6 @@ class Engine:
         and the BM25 and shard settings of ``index``."""
         body = copy.deepcopy(load_mapping_file("index.json"))
         analysis = load_mapping_file(f"analysis-{self.capabilities.analysis}.json")
-        analysis["filter"]["sira_shingle"]["max_shingle_size"] = max(2, index.max_ngram)
         settings = body["settings"]
         settings["analysis"] = analysis
         settings["index"]["number_of_shards"] = index.shards

@@ -57,10 +57,6 @@ def test_analyze_batches_texts_and_splits_them_back(engine: Engine, fresh_index:
                   for t in texts]
     assert batched == one_by_one
     assert batched[1] == [] and batched[2] == []
-    shingles = engine.analyze(fresh_index.name, ["lung cancer in smokers"],
-                              field="contents.shingles")[0]
-    assert "lung cancer" in shingles and "lung cancer in" in shingles
-    assert "lung" not in shingles  # phrases only: unigrams live in the main field
 
 
 def test_bulk_counts_and_reports_rejected_items(engine: Engine, fresh_index: IndexSettings
