@@ -520,24 +520,31 @@ def bench_latency_cmd(
         figures = bench.latency(engine, settings, queries, bench.load_sketches(sketches, known),
                                 w=w, repeat=repeat, tick=lambda: progress.advance(task))
     out.print(f"{dataset.name}, {engine.kind}: {figures['queries']} queries x {repeat}, "
-              f"{figures['expansion_terms']:.1f} sketch terms kept per query; took in ms")
+              f"{figures['expansion_terms']:.1f} sketch terms kept per query. Mean engine "
+              f"took (ms) of plain BM25 on title + text, of the literal clause alone (the "
+              f"template without a sketch: title + text + enrichment) and of the two-clause "
+              f"query with the sketch:")
     table = Table()
-    for column in ("index", "query", "took mean", "median", "p95", "client median",
-                   "two-clause / row (means)"):
-        table.add_column(column, justify="left" if column in ("index", "query") else "right")
-    labels = {"bm25": "plain BM25 (title + text)",
-              "literal": "literal clause (+ enrichment)", "two-clause": "two-clause (+ sketch)"}
+    for column in ("index", "segments", "plain", "literal", "two-clause", "÷ plain",
+                   "÷ literal"):
+        table.add_column(column, justify="left" if column == "index" else "right")
     for state in ("as written", "force-merged"):
         timings = figures[state]
-        seg = timings["segments"]
-        where = f"{state}: {seg['segments']} segment(s), {seg['deleted_docs']} deleted"
-        for name, label in labels.items():
-            took = timings[name]
-            ratio = "" if name == "two-clause" else f"{timings[f'ratio_{name}']['mean']:.2f}x"
-            table.add_row(where if name == "bm25" else "", label, f"{took['mean']:.2f}",
-                          f"{took['median']:.0f}", f"{took['p95']:.0f}",
-                          f"{timings['client_ms'][name]['median']:.2f}", ratio)
+        table.add_row(state, str(timings["segments"]["segments"]),
+                      *(f"{timings[name]['mean']:.2f}" for name in bench.LATENCY_QUERIES),
+                      f"{timings['ratio_bm25']['mean']:.2f}x",
+                      f"{timings['ratio_literal']['mean']:.2f}x")
     out.print(table)
+    for state in ("as written", "force-merged"):
+        timings = figures[state]
+        out.print(f"{state} ({timings['segments']['deleted_docs']} deleted copies), plain / "
+                  f"literal / two-clause: took median " + " / ".join(
+                      f"{timings[n]['median']:.0f}" for n in bench.LATENCY_QUERIES)
+                  + ", p95 " + " / ".join(f"{timings[n]['p95']:.0f}"
+                                          for n in bench.LATENCY_QUERIES)
+                  + " ms; round trip from the client, median " + " / ".join(
+                      f"{timings['client_ms'][n]['median']:.2f}"
+                      for n in bench.LATENCY_QUERIES) + " ms")
     out.print(f"Sketch validation (client side, one request per query): median "
               f"{figures['validation_ms']['median']:.1f} ms, p95 "
               f"{figures['validation_ms']['p95']:.1f} ms. The model call is not included.")

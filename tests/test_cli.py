@@ -267,3 +267,22 @@ def test_demo_runs_the_job_with_the_embedded_broker(opensearch: Engine, tmp_path
             assert opensearch.get(index, "ops-001")["sira"]["status"] == "enriched"
         finally:
             opensearch.delete_index(index)
+
+
+def test_bench_latency_command(opensearch: Engine, monkeypatch: pytest.MonkeyPatch,
+                               tmp_path: Path) -> None:
+    from test_bench import make_collection
+
+    engine_env(opensearch, monkeypatch)
+    monkeypatch.setenv("SIRA_ENRICH__RANK_K", "1")  # only the tag of every document is dropped
+    dataset, proposals, sketches = make_collection(tmp_path / "tiny")
+    result = runner.invoke(app, ["bench-latency", "--dataset", str(dataset), "--proposals",
+                                 str(proposals), "--sketches", str(sketches), "--repeat", "1"])
+    try:
+        assert result.exit_code == 0, result.output
+        assert "tiny, opensearch: 12 queries x 1, 1.0 sketch terms kept per query" in result.output
+        assert "force-merged (0 deleted copies)" in result.output
+        assert "Sketch validation" in result.output
+    finally:
+        for name in opensearch.client.indices.get(index="bench-tiny-*"):
+            opensearch.delete_index(name)
