@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 from pipeline.config import DfBasis, EnrichSettings, PolicyKind
 from pipeline.engine import Engine
+from pipeline.terms import TEXT_FIELD
 
-TEXT_FIELDS = ["contents"]
-ENRICHED_FIELDS = ["contents", "enrich_echo", "enrich_bridge"]
+TEXT_FIELDS = [TEXT_FIELD]
+ENRICHED_FIELDS = [TEXT_FIELD, "enrich_echo", "enrich_bridge"]
 BATCH = 500  # candidates per filters aggregation request
 
 

@@ -27,7 +27,7 @@ from pipeline.llm import ModelClient
 from pipeline.prompts import query_prompt
 
 TEMPLATE_ID = "sira-two-clause"
-TEXT_FIELD = "contents"  # title + text as one field (copy_to), as Pyserini's BEIR "flat" index
+TEXT_FIELD = terms.TEXT_FIELD  # title + text as one field, as Pyserini's BEIR "flat" index
 ENRICHED_FIELD = "enriched"  # title + text + both enrichment classes as one field (copy_to)
 Classes = Literal["both", "echo", "bridge", "none"]
 RRF_K = 60
