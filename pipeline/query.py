@@ -133,31 +133,44 @@ def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None
              ) -> tuple[list[str], list[DroppedTerm]]:
     """Keep a phrase when some 1..max_n-word part of it has 0 < DF <= cap in ``fields``
     (default: the enriched index); one request for all the parts of all the phrases."""
-    norms = terms.normalize(engine, index, list(phrases))
-    unique: list[tuple[str, str]] = []
-    dropped: list[DroppedTerm] = []
-    seen: set[str] = set()
-    for phrase, norm in zip(phrases, norms, strict=True):
+    return validate_many(engine, index, {"": phrases}, cap, max_n, fields)[""]
+
+
+def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]],
+                  cap: int | None, max_n: int,
+                  fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS)
+                  ) -> dict[str, tuple[list[str], list[DroppedTerm]]]:
+    """``validate`` for many sketches at once (the bench: every query of a collection), with
+    one batched ``_analyze`` and one DF lookup for the parts of all of them."""
+    flat = [(key, phrase) for key, phrases in sketches.items() for phrase in phrases]
+    norms = terms.normalize(engine, index, [phrase for _, phrase in flat])
+    unique: dict[str, list[str]] = {key: [] for key in sketches}
+    out: dict[str, tuple[list[str], list[DroppedTerm]]] = {key: ([], []) for key in sketches}
+    seen: dict[str, set[str]] = {key: set() for key in sketches}
+    for (key, phrase), norm in zip(flat, norms, strict=True):
+        dropped = out[key][1]
         if not norm:
             dropped.append(DroppedTerm(phrase, "nothing left after analysis (stopwords only)"))
-        elif norm in seen:
+        elif norm in seen[key]:
             dropped.append(DroppedTerm(phrase, "duplicate"))
         else:
-            seen.add(norm)
-            unique.append((phrase, norm))
-    parts = {phrase: terms.ngrams(terms.words(phrase), max_n) for phrase, _ in unique}
+            seen[key].add(norm)
+            unique[key].append(phrase)
+    parts = {phrase: terms.ngrams(terms.words(phrase), max_n)
+             for phrases in unique.values() for phrase in phrases}
     candidates = {p.lower(): p for ps in parts.values() for p in ps}
     df = dfstats.document_frequencies(engine, index, candidates, "text", fields=list(fields))
-    kept = []
-    for phrase, _ in unique:
-        dfs = [df[p.lower()] for p in parts[phrase]]
-        if any(0 < d and dfstats.keeps(d, cap) for d in dfs):
-            kept.append(phrase)
-        elif all(d == 0 for d in dfs):
-            dropped.append(DroppedTerm(phrase, "not in the index (DF 0)"))
-        else:
-            dropped.append(DroppedTerm(phrase, f"too common (DF {max(dfs)} > cap {cap})"))
-    return kept, dropped
+    for key, phrases in unique.items():
+        kept, dropped = out[key]
+        for phrase in phrases:
+            dfs = [df[p.lower()] for p in parts[phrase]]
+            if any(0 < d and dfstats.keeps(d, cap) for d in dfs):
+                kept.append(phrase)
+            elif all(d == 0 for d in dfs):
+                dropped.append(DroppedTerm(phrase, "not in the index (DF 0)"))
+            else:
+                dropped.append(DroppedTerm(phrase, f"too common (DF {max(dfs)} > cap {cap})"))
+    return out
 
 
 # -- search --------------------------------------------------------------------------------

@@ -142,6 +142,12 @@ def test_validation_on_a_multi_shard_index(cluster: Engine) -> None:
         assert reasons["MEMORY"] == "duplicate"
         kept, _ = query.validate(cluster, name, ["memory", "read only"], cap=None, max_n=2)
         assert kept == ["memory", "read only"]
+        # many sketches at once (the bench) decide each one as it would be decided alone
+        sketches = {"a": ["memory", "Xmx heap", "MEMORY"], "b": ["backup", "the of", "memory"]}
+        many = query.validate_many(cluster, name, sketches, cap=1, max_n=2)
+        assert many == {key: query.validate(cluster, name, phrases, cap=1, max_n=2)
+                        for key, phrases in sketches.items()}
+        assert many["b"][0] == ["backup"]
     finally:
         cluster.delete_index(name)
 
