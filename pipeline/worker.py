@@ -30,11 +30,13 @@ def make_app(settings: Settings) -> Celery:
     transport: dict = {"visibility_timeout": settings.worker.visibility_timeout}
     if not settings.worker.broker_url:
         folder = Path(settings.state_dir) / "broker"
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         transport |= {"data_folder_in": str(folder / "queue"),
                       "data_folder_out": str(folder / "queue"),
-                      "processed_folder": str(folder / "processed"), "store_processed": False}
+                      "processed_folder": str(folder / "processed"), "store_processed": False,
+                      # exchange tables; kombu's default is ./control, in the caller's folder
+                      "control_folder": str(folder / "control")}
     app.conf.update(
         task_acks_late=True,  # a worker killed mid-batch leaves the message to be redelivered
         task_reject_on_worker_lost=True,
