@@ -28,7 +28,7 @@ from pipeline.prompts import query_prompt
 
 TEMPLATE_ID = "sira-two-clause"
 TEXT_FIELD = terms.TEXT_FIELD  # title + text as one field, as Pyserini's BEIR "flat" index
-ENRICHED_FIELD = "enriched"  # title + text + both enrichment classes as one field (copy_to)
+ENRICHED_FIELD = terms.ENRICHED_FIELD
 Classes = Literal["both", "echo", "bridge", "none"]
 RRF_K = 60
 LEAF = re.compile(r"weight\((\w+):(.+?) in \d+\)")

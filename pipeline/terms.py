@@ -11,6 +11,7 @@ from pipeline.engine import Engine
 
 ANALYZER = "sira_english"
 TEXT_FIELD = "contents"  # title + text of a document as one field (copy_to)
+ENRICHED_FIELD = "enriched"  # title + text + both enrichment classes as one field (copy_to)
 WORD = re.compile(r"\w+(?:['’-]\w+)*")
 CLASSIFY_CHARS = 50_000  # how much of a long document is compared against its terms
 ECHO, BRIDGE = "echo", "bridge"
