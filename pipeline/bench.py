@@ -560,8 +560,8 @@ def latency(engine: Engine, settings: Settings, queries: dict[str, str],
     clause alone (title + text + enrichment: the template with no sketch) against the
     two-clause query with the validated sketch, over the same queries, one search per
     request, on one index written once under the default filter policy: first as written,
-    then force-merged into one segment. Validation (one aggregation request per query) is
-    timed apart; the model call is not part of this."""
+    then force-merged into one segment. Validation (per query an ``_analyze`` and one
+    aggregation request) is timed apart; the model call is not part of this."""
     runner = Runner(engine, settings, sketches)
     applier = Applier(engine, settings, runner)
     cap = applier(dfstats.Policy.from_settings(settings.enrich))

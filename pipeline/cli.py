@@ -545,8 +545,8 @@ def bench_latency_cmd(
                   + " ms; round trip from the client, median " + " / ".join(
                       f"{timings['client_ms'][n]['median']:.2f}"
                       for n in bench.LATENCY_QUERIES) + " ms")
-    out.print(f"Sketch validation (client side, one request per query): median "
-              f"{figures['validation_ms']['median']:.1f} ms, p95 "
+    out.print(f"Sketch validation (client side, per query an _analyze and one aggregation "
+              f"request): median {figures['validation_ms']['median']:.1f} ms, p95 "
               f"{figures['validation_ms']['p95']:.1f} ms. The model call is not included.")
 
 
