@@ -295,10 +295,9 @@ class Applier:
         def documents() -> Iterator[dict]:
             for hit in self.engine.scan(self.base):
                 doc = {"_id": hit["_id"], **hit["_source"]}
-                stored = self.table.per_doc.get(hit["_id"])
-                if stored is not None:
+                if doc.get("sira", {}).get("proposed_hash") is not None:
                     doc["enrich_echo"], doc["enrich_bridge"] = enrich.enrichment_fields(
-                        enrich.kept_terms(stored, self.table.df, cap))
+                        enrich.kept_terms(enrich.stored_terms(doc), self.table.df, cap))
                 yield doc
 
         result = self.engine.bulk_index(name, documents())

@@ -155,41 +155,42 @@ def propose(engine: Engine, settings: Settings, client: ModelClient, *,
 
 @dataclass
 class TermTable:
-    """The proposals of a collection with their document frequencies."""
+    """Every distinct proposed term of a collection with its document frequency. The
+    proposals of each document stay in the index and are streamed when needed, so memory
+    grows with the vocabulary, not with the collection."""
 
     n_docs: int
-    per_doc: dict[str, list[dict]]  # doc id -> stored terms {"text", "norm", "class"}
-    status: dict[str, str]
     df: dict[str, int]  # norm -> DF under ``basis``
     basis: DfBasis
-    # doc id -> (enrich_echo, enrich_bridge) as stored now; apply() skips unchanged documents
-    written: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
+
+
+HAS_PROPOSALS = {"exists": {"field": "sira.proposed_hash"}}
+
+
+def proposed_documents(engine: Engine, index: str, source: list[str]
+                       ) -> Iterator[tuple[str, dict]]:
+    """(id, source) of every document with proposals, streamed with a scroll."""
+    for hit in engine.scan(index, HAS_PROPOSALS, source=source):
+        yield hit["_id"], hit["_source"]
+
+
+def stored_terms(source: dict) -> list[dict]:
+    """A document's stored proposals: {"text", "norm", "class"} each."""
+    return source.get("sira_proposals", {}).get("terms", [])
 
 
 def term_table(engine: Engine, index: str, basis: DfBasis) -> TermTable:
     engine.refresh(index)
-    per_doc: dict[str, list[dict]] = {}
-    status: dict[str, str] = {}
     surfaces: dict[str, str] = {}
-    written: dict[str, tuple[list[str], list[str]]] = {}
-    for hit in engine.scan(index, {"exists": {"field": "sira.proposed_hash"}},
-                           source=["sira_proposals.terms", "sira.status", "enrich_echo",
-                                   "enrich_bridge"]):
-        source = hit["_source"]
-        stored = source.get("sira_proposals", {}).get("terms", [])
-        per_doc[hit["_id"]] = stored
-        status[hit["_id"]] = source.get("sira", {}).get("status", "")
-        if "enrich_echo" in source or "enrich_bridge" in source:
-            written[hit["_id"]] = (source.get("enrich_echo", []),
-                                   source.get("enrich_bridge", []))
-        for t in stored:
+    for _, source in proposed_documents(engine, index, ["sira_proposals.terms"]):
+        for t in stored_terms(source):
             surfaces.setdefault(t["norm"], t["text"])
     if basis == "proposals":
         counts = dfstats.proposal_frequencies(engine, index)
         df = {norm: counts.get(norm, 0) for norm in surfaces}
     else:
         df = dfstats.document_frequencies(engine, index, surfaces, basis)
-    return TermTable(engine.count(index), per_doc, status, df, basis, written)
+    return TermTable(engine.count(index), df, basis)
 
 
 @dataclass
@@ -226,7 +227,8 @@ def enrichment_fields(kept: list[dict]) -> tuple[list[str], list[str]]:
 
 def apply(engine: Engine, settings: Settings, policy: dfstats.Policy | None = None,
           basis: DfBasis | None = None, table: TermTable | None = None) -> ApplySummary:
-    """Write the enrichment fields of every proposed document under ``policy``. ``table``:
+    """Write the enrichment fields of every proposed document under ``policy``, streaming
+    the documents; only those whose enrichment or status changes are written. ``table``:
     statistics computed before (the bench tries many policies on the same proposals)."""
     index = settings.index.name
     policy = policy or dfstats.Policy.from_settings(settings.enrich)
@@ -235,36 +237,35 @@ def apply(engine: Engine, settings: Settings, policy: dfstats.Policy | None = No
     cap = policy.cap(table.n_docs, table.df.values())
     summary = ApplySummary(policy.describe(), basis, cap, documents=table.n_docs)
     at = now_iso()
-    updates, pending = [], {}
-    for doc_id, stored in table.per_doc.items():
-        kept = kept_terms(stored, table.df, cap)
-        summary.proposed_terms += len(stored)
-        summary.kept.update(t["class"] for t in kept)
-        fields = enrichment_fields(kept)
-        status = table.status[doc_id]
-        if table.written.get(doc_id) == fields and status != PROPOSED:
-            continue  # stored exactly so already
-        pending[doc_id] = fields
-        updates.append((doc_id, {
-            "enrich_echo": fields[0], "enrich_bridge": fields[1],
-            "sira": {"status": ENRICHED if status in (PROPOSED, ENRICHED) else status,
-                     "enriched_at": at, "kept": len(kept)},
-        }))
-    result = engine.bulk_update(index, updates)
-    failed = {f.id for f in result.failures}
-    for doc_id, fields in pending.items():
-        if doc_id not in failed:
-            table.written[doc_id] = fields
-            if table.status[doc_id] == PROPOSED:
-                table.status[doc_id] = ENRICHED
-    summary.updated = len(pending) - len(failed)
-    summary.enriched = sum(1 for status in table.status.values() if status == ENRICHED)
+
+    def updates() -> Iterator[tuple[str, dict]]:
+        for doc_id, source in proposed_documents(engine, index, [
+                "sira_proposals.terms", "sira.status", "enrich_echo", "enrich_bridge"]):
+            stored = stored_terms(source)
+            kept = kept_terms(stored, table.df, cap)
+            summary.proposed_terms += len(stored)
+            summary.kept.update(t["class"] for t in kept)
+            echo, bridge = enrichment_fields(kept)
+            status = source.get("sira", {}).get("status", "")
+            written = "enrich_echo" in source or "enrich_bridge" in source
+            if written and (source.get("enrich_echo", []), source.get("enrich_bridge", [])) \
+                    == (echo, bridge) and status != PROPOSED:
+                continue  # stored exactly so already
+            yield doc_id, {
+                "enrich_echo": echo, "enrich_bridge": bridge,
+                "sira": {"status": ENRICHED if status in (PROPOSED, ENRICHED) else status,
+                         "enriched_at": at, "kept": len(kept)}}
+
+    engine.refresh(index)
+    result = engine.bulk_update(index, updates())
+    summary.updated = result.ok
     summary.rejected = result.failures
     engine.put_meta(index, {"sira_filter": {
         "policy": policy.kind, "rank_k": policy.rank_k, "ratio": policy.ratio,
         "absolute_cap": policy.absolute_cap, "basis": basis, "cap": cap,
         "documents": table.n_docs, "applied_at": at}})
     engine.refresh(index)
+    summary.enriched = engine.count(index, {"term": {"sira.status": ENRICHED}})
     return summary
 
 
@@ -279,10 +280,15 @@ def stats(engine: Engine, settings: Settings) -> dict:
     index = settings.index.name
     table = term_table(engine, index, settings.enrich.df_basis)
     e = settings.enrich
-    n_with = len(table.per_doc)
-    all_terms = [t for stored in table.per_doc.values() for t in stored]
-    classes = Counter(t["class"] for t in all_terms)
-    kept_now = sum(len(echo) + len(bridge) for echo, bridge in table.written.values())
+    n_with = n_terms = kept_now = 0
+    classes: Counter[str] = Counter()
+    for _, source in proposed_documents(engine, index, ["sira_proposals.terms", "enrich_echo",
+                                                        "enrich_bridge"]):
+        stored = stored_terms(source)
+        n_with += 1
+        n_terms += len(stored)
+        classes.update(t["class"] for t in stored)
+        kept_now += len(source.get("enrich_echo", [])) + len(source.get("enrich_bridge", []))
     policies = {}
     for p in (dfstats.Policy("none"), dfstats.Policy("ratio", ratio=e.ratio),
               dfstats.Policy("absolute", absolute_cap=e.absolute_cap),
@@ -298,10 +304,10 @@ def stats(engine: Engine, settings: Settings) -> dict:
     return {
         "documents": table.n_docs,
         "documents_with_proposals": n_with,
-        "proposals_per_doc": round(len(all_terms) / n_with, 2) if n_with else 0.0,
+        "proposals_per_doc": round(n_terms / n_with, 2) if n_with else 0.0,
         "kept_per_doc": round(kept_now / n_with, 2) if n_with else 0.0,
-        "echo_share": round(classes["echo"] / len(all_terms), 3) if all_terms else 0.0,
-        "bridge_share": round(classes["bridge"] / len(all_terms), 3) if all_terms else 0.0,
+        "echo_share": round(classes["echo"] / n_terms, 3) if n_terms else 0.0,
+        "bridge_share": round(classes["bridge"] / n_terms, 3) if n_terms else 0.0,
         "distinct_terms": len(table.df),
         "df_basis": table.basis,
         "policies": policies,
