@@ -89,6 +89,24 @@ def test_partial_update_merges_and_reports_missing(engine: Engine, fresh_index: 
     assert engine.get(fresh_index.name, "missing") is None
 
 
+def test_force_merge_drops_deleted_copies_on_elasticsearch(elasticsearch: Engine,
+                                                            index_settings: IndexSettings
+                                                            ) -> None:
+    # (OpenSearch: through `sira refilter --force-merge` and the job, in test_cli / test_jobs)
+    elasticsearch.create_index(index_settings)
+    try:
+        elasticsearch.bulk_index(index_settings.name, DOCS)
+        elasticsearch.bulk_update(index_settings.name,
+                                  [(d["_id"], {"proposed_terms": ["x"]}) for d in DOCS])
+        elasticsearch.refresh(index_settings.name)
+        assert elasticsearch.segments(index_settings.name)["deleted_docs"] > 0
+        assert elasticsearch.force_merge(index_settings.name) == \
+            {"segments": 1, "deleted_docs": 0}
+        assert elasticsearch.get(index_settings.name, "d1")["proposed_terms"] == ["x"]
+    finally:
+        elasticsearch.delete_index(index_settings.name)
+
+
 def test_search_and_aggregations(engine: Engine, fresh_index: IndexSettings) -> None:
     docs = [dict(d, proposed_terms=terms) for d, terms in
             zip(DOCS, [["pets", "exercise"], ["pets"], ["oncology"]], strict=True)]
