@@ -158,29 +158,29 @@ class Runner:
         self.index = settings.index.name
         self.sketches = sketches
         self.phrasings = phrasings or {}
-        self._validated: dict[tuple, dict[str, list[str]]] = {}
+        self._validated: dict[tuple, dict[str, query.Validation]] = {}
 
-    def expansion(self, qid: str, cap: int | None, max_n: int, enriched: bool) -> list[str]:
+    def expansion(self, qid: str, cap: int | None, max_n: int, enriched: bool
+                  ) -> query.Validation:
         """The validated sketch of one query; the first call for a setting validates the
         sketches of every query at once (a few requests instead of two per query)."""
         setting = (cap, max_n, enriched, self.index)
         if setting not in self._validated:
             fields = dfstats.ENRICHED_FIELDS if enriched else dfstats.TEXT_FIELDS
-            validated = query.validate_many(self.engine, self.index, self.sketches, cap,
-                                            max_n, fields)
-            self._validated[setting] = {q: kept for q, (kept, _) in validated.items()}
-        return self._validated[setting].get(qid, [])
+            self._validated[setting] = query.validate_many(
+                self.engine, self.index, self.sketches, cap, max_n, fields)
+        return self._validated[setting].get(qid, query.Validation([], [], {}))
 
     def run(self, config: Config, queries: dict[str, str], *, w: float = 0.5, max_n: int = 2,
             cap: int | None = None, on_query: Callable[[], None] | None = None) -> Run:
         qids = list(queries)
         bodies, owners = [], []
         for qid in qids:
-            expansion = self.expansion(qid, cap, max_n, config.classes != "none") \
-                if config.sketch else []
+            expansion = self.expansion(qid, cap, max_n, config.classes != "none").terms \
+                if config.sketch else {}
             texts = [queries[qid]] + (self.phrasings.get(qid, []) if config.also else [])
             for i, text in enumerate(texts):
-                body = query.build_query(text, expansion if i == 0 else (), w=w, size=DEPTH,
+                body = query.build_query(text, expansion if i == 0 else {}, w=w, size=DEPTH,
                                          classes=config.classes)
                 body["_source"] = False
                 bodies.append(body)
@@ -550,6 +550,7 @@ def write(report: Report, runs: dict[str, Run], out_dir: Path) -> dict[str, Path
 # -- latency -------------------------------------------------------------------------------
 
 LATENCY_QUERIES = ("bm25", "literal", "two-clause")
+PHRASES = "two-clause, phrases"  # the template given sketch phrases, where it can be rendered
 
 
 def latency(engine: Engine, settings: Settings, queries: dict[str, str],
@@ -557,10 +558,12 @@ def latency(engine: Engine, settings: Settings, queries: dict[str, str],
             repeat: int = 3, tick: Callable[[], None] | None = None) -> dict:
     """Engine-side latency (``took``, ms) of plain BM25 (title + text) and of the literal
     clause alone (title + text + enrichment: the template with no sketch) against the
-    two-clause query with the validated sketch, over the same queries, one search per
-    request, on one index written once under the default filter policy: first as written,
-    then force-merged into one segment. Validation (per query an ``_analyze`` and one
-    aggregation request) is timed apart; the model call is not part of this."""
+    two-clause query with the validated sketch (as ``sira search`` sends it: analysed terms),
+    over the same queries, one search per request, on one index written once under the
+    default filter policy: first as written, then force-merged into one segment. Where the
+    engine renders templates, also the template given the sketch phrases (as a person calls
+    it from Dev Tools). Validation (per query an ``_analyze`` and one aggregation request)
+    is timed apart; the model call is not part of this."""
     runner = Runner(engine, settings, sketches)
     applier = Applier(engine, settings, runner)
     cap = applier(dfstats.Policy.from_settings(settings.enrich))
@@ -572,13 +575,18 @@ def latency(engine: Engine, settings: Settings, queries: dict[str, str],
             query.validate(engine, runner.index, sketches.get(qid, []), cap, max_n)
             validate_ms.append((time.perf_counter() - started) * 1000)
         out["validation_ms"] = _stats(validate_ms)
-        out["expansion_terms"] = float(np.mean([len(runner.expansion(q, cap, max_n, True))
-                                                for q in queries]))
-        bodies = {qid: {"bm25": query.build_query(text, (), classes="none"),
-                        "literal": query.build_query(text, ()),
-                        "two-clause": query.build_query(
-                            text, runner.expansion(qid, cap, max_n, True), w=w)}
+        validated = {qid: runner.expansion(qid, cap, max_n, True) for qid in queries}
+        out["expansion_phrases"] = float(np.mean([len(v.kept) for v in validated.values()]))
+        out["expansion_terms"] = float(np.mean([len(v.terms) for v in validated.values()]))
+        bodies = {qid: {"bm25": query.build_query(text, classes="none"),
+                        "literal": query.build_query(text),
+                        "two-clause": query.build_query(text, validated[qid].terms, w=w)}
                   for qid, text in queries.items()}
+        if engine.capabilities.search_templates:
+            query.install_template(engine)
+            for qid, text in queries.items():
+                bodies[qid][PHRASES] = engine.render_search_template(query.TEMPLATE_ID, (
+                    query.template_params(text, w=w, phrases=validated[qid].kept)))
         out["as written"] = _timings(engine, runner.index, bodies, repeat, tick)
         engine.force_merge(runner.index)
         out["force-merged"] = _timings(engine, runner.index, bodies, repeat, tick)
@@ -594,8 +602,9 @@ def _stats(values: list[float]) -> dict:
 
 def _timings(engine: Engine, index: str, bodies: dict[str, dict[str, dict]], repeat: int,
              tick: Callable[[], None] | None) -> dict:
-    took: dict[str, list[int]] = {name: [] for name in LATENCY_QUERIES}
-    wall: dict[str, list[float]] = {name: [] for name in LATENCY_QUERIES}
+    names = list(next(iter(bodies.values()), {}))
+    took: dict[str, list[int]] = {name: [] for name in names}
+    wall: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(repeat):
         for by_name in bodies.values():
             for name, body in by_name.items():
@@ -606,9 +615,11 @@ def _timings(engine: Engine, index: str, bodies: dict[str, dict[str, dict]], rep
             if tick:
                 tick()
     out: dict = {name: _stats(values) for name, values in took.items()}
-    for base in ("bm25", "literal"):
-        out[f"ratio_{base}"] = {m: out["two-clause"][m] / max(out[base][m], 1e-9)
-                                for m in ("mean", "median", "p95")}
+    for two, suffix in (("two-clause", ""), (PHRASES, "_phrases")):
+        for base in ("bm25", "literal"):
+            if two in out:
+                out[f"ratio_{base}{suffix}"] = {m: out[two][m] / max(out[base][m], 1e-9)
+                                                for m in ("mean", "median", "p95")}
     out["client_ms"] = {name: _stats(values) for name, values in wall.items()}
     out["segments"] = engine.segments(index)
     return out

@@ -520,10 +520,11 @@ def bench_latency_cmd(
         figures = bench.latency(engine, settings, queries, bench.load_sketches(sketches, known),
                                 w=w, repeat=repeat, tick=lambda: progress.advance(task))
     out.print(f"{dataset.name}, {engine.kind}: {figures['queries']} queries x {repeat}, "
-              f"{figures['expansion_terms']:.1f} sketch terms kept per query. Mean engine "
-              f"took (ms) of plain BM25 on title + text, of the literal clause alone (the "
-              f"template without a sketch: title + text + enrichment) and of the two-clause "
-              f"query with the sketch:")
+              f"{figures['expansion_phrases']:.1f} sketch phrases ({figures['expansion_terms']:.1f}"
+              f" distinct terms) kept per query. Mean engine took (ms) of plain BM25 on title + "
+              f"text, of the literal clause alone (the template without a sketch: title + text "
+              f"+ enrichment) and of the two-clause query with the sketch's analysed terms (as "
+              f"sira search sends it):")
     table = Table()
     for column in ("index", "segments", "plain", "literal", "two-clause", "÷ plain",
                    "÷ literal"):
@@ -537,14 +538,18 @@ def bench_latency_cmd(
     out.print(table)
     for state in ("as written", "force-merged"):
         timings = figures[state]
-        out.print(f"{state} ({timings['segments']['deleted_docs']} deleted copies), plain / "
-                  f"literal / two-clause: took median " + " / ".join(
-                      f"{timings[n]['median']:.0f}" for n in bench.LATENCY_QUERIES)
-                  + ", p95 " + " / ".join(f"{timings[n]['p95']:.0f}"
-                                          for n in bench.LATENCY_QUERIES)
+        names = [n for n in (*bench.LATENCY_QUERIES, bench.PHRASES) if n in timings]
+        out.print(f"{state} ({timings['segments']['deleted_docs']} deleted copies), "
+                  f"{' / '.join(names)}: took median "
+                  + " / ".join(f"{timings[n]['median']:.0f}" for n in names)
+                  + ", p95 " + " / ".join(f"{timings[n]['p95']:.0f}" for n in names)
                   + " ms; round trip from the client, median " + " / ".join(
-                      f"{timings['client_ms'][n]['median']:.2f}"
-                      for n in bench.LATENCY_QUERIES) + " ms")
+                      f"{timings['client_ms'][n]['median']:.2f}" for n in names) + " ms")
+        if bench.PHRASES in timings:
+            out.print(f"  the template given the sketch phrases instead (the engine analyses "
+                      f"them, one clause per phrase): mean took "
+                      f"{timings[bench.PHRASES]['mean']:.2f} ms, "
+                      f"{timings['ratio_literal_phrases']['mean']:.2f}x the literal clause")
     out.print(f"Sketch validation (client side, per query an _analyze and one aggregation "
               f"request): median {figures['validation_ms']['median']:.1f} ms, p95 "
               f"{figures['validation_ms']['p95']:.1f} ms. The model call is not included.")

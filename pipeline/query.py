@@ -4,9 +4,13 @@ enriched index, and one weighted two-clause BM25 query:
     score(d) = BM25(q_orig, d) + w * BM25(q_exp, d)
 
 q_orig over ``contents`` (title + text) and the enrichment fields of the chosen classes, q_exp
-over ``enriched`` (the same text in one field) when both classes take part. The same query is
-stored in the engine as a search template (``mappings/search-template.mustache``) for
-Kibana / OpenSearch Dashboards users; ``build_query`` here produces what it renders.
+over ``enriched`` (the same text in one field) when both classes take part. q_exp is sent as
+the analysed terms of the kept sketch phrases, one boosted ``term`` clause per distinct term
+(its boost w times its count): the same scores as one ``match`` per phrase, for less work per
+search — validation has analysed the phrases already. The same query is stored in the engine
+as a search template (``mappings/search-template.mustache``) for Kibana / OpenSearch
+Dashboards users, who may pass sketch phrases instead (the engine analyses them);
+``build_query`` here produces what it renders.
 
 Caller phrasings (``also``): several query strings for one search, each ranked by the same
 query, fused by reciprocal rank with equal weight.
@@ -16,9 +20,10 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pipeline import dfstats, terms
 from pipeline.config import Settings
@@ -48,24 +53,39 @@ def expansion_fields(classes: Classes) -> list[str]:
     return [ENRICHED_FIELD] if classes == "both" else fields_for(classes)
 
 
-def build_query(text: str, expansion: Sequence[str] = (), *, w: float = 0.5, size: int = 10,
-                classes: Classes = "both") -> dict:
-    """The search body the stored template renders for the same parameters (with w = 0 the
-    expansion clause is left out, so the ranking is exactly the literal query's)."""
-    fields = fields_for(classes)
+def build_query(text: str, expansion: Mapping[str, int] | None = None, *, w: float = 0.5,
+                size: int = 10, classes: Classes = "both") -> dict:
+    """The search body the stored template renders for the same parameters. ``expansion``:
+    analysed sketch term -> count (``expansion_terms``). With w = 0 the expansion clauses are
+    left out, so the ranking is exactly the literal query's."""
     should: list[dict] = [{"multi_match": {"_name": "literal", "query": text,
-                                           "type": "most_fields", "fields": fields}}]
+                                           "type": "most_fields", "fields": fields_for(classes)}}]
     if w:
-        should += [{"multi_match": {"_name": "expansion", "query": term, "type": "most_fields",
-                                    "fields": expansion_fields(classes), "boost": w}}
-                   for term in expansion]
+        should += [{"term": {term["field"]: {"_name": "expansion", "value": term["value"],
+                                             "boost": term["boost"]}}}
+                   for term in _term_params(expansion or {}, w, classes)]
     should.append({"match_none": {}})
     return {"size": size, "query": {"bool": {"should": should}}}
 
 
-def template_params(text: str, expansion: Sequence[str] = (), *, w: float = 0.5,
-                    size: int = 10, classes: Classes = "both") -> dict:
-    params: dict = {"query": text, "expansion": list(expansion), "w": w, "size": size}
+def _term_params(expansion: Mapping[str, int], w: float, classes: Classes) -> list[dict]:
+    return [{"field": f, "value": term, "boost": w * count}
+            for f in expansion_fields(classes) for term, count in expansion.items()]
+
+
+def expansion_terms(norms: Sequence[str]) -> dict[str, int]:
+    """Analysed term -> how often it occurs over the analysed phrases: a term in two phrases
+    counts twice, as it would in one ``match`` clause per phrase."""
+    return dict(Counter(token for norm in norms for token in norm.split()))
+
+
+def template_params(text: str, expansion: Mapping[str, int] | None = None, *, w: float = 0.5,
+                    size: int = 10, classes: Classes = "both",
+                    phrases: Sequence[str] = ()) -> dict:
+    """Parameters of the stored template: ``expansion`` as ``build_query`` takes it, or
+    ``phrases`` as a person types them (the engine analyses each, one clause per phrase)."""
+    params: dict = {"query": text, "expansion": list(phrases), "w": w, "size": size,
+                    "terms": _term_params(expansion or {}, w, classes) if w else []}
     if classes in ("echo", "none"):
         params["skip_bridge"] = True
     if classes in ("bridge", "none"):
@@ -106,7 +126,7 @@ class SearchResult:
     total: int
     also: list[str] = field(default_factory=list)
     sketch: list[str] | None = None  # what the model proposed, before validation
-    expansion: list[str] = field(default_factory=list)  # what took part
+    expansion: list[str] = field(default_factory=list)  # the phrases that took part
     dropped: list[DroppedTerm] = field(default_factory=list)
     expansion_note: str | None = None  # why there is no expansion, if there is none
     cap: int | None = None
@@ -128,9 +148,14 @@ def active_cap(engine: Engine, index: str, settings: Settings) -> int | None:
     return policy.cap(engine.count(index), [])
 
 
+class Validation(NamedTuple):
+    kept: list[str]  # sketch phrases that take part, in the sketch's order
+    dropped: list[DroppedTerm]
+    terms: dict[str, int]  # what is searched: the kept phrases' analysed terms (expansion_terms)
+
+
 def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None, max_n: int,
-             fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS)
-             ) -> tuple[list[str], list[DroppedTerm]]:
+             fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS)) -> Validation:
     """Keep a phrase when some 1..max_n-word part of it has 0 < DF <= cap in ``fields``
     (default: the enriched index); one request for all the parts of all the phrases."""
     return validate_many(engine, index, {"": phrases}, cap, max_n, fields)[""]
@@ -139,29 +164,29 @@ def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None
 def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]],
                   cap: int | None, max_n: int,
                   fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS)
-                  ) -> dict[str, tuple[list[str], list[DroppedTerm]]]:
+                  ) -> dict[str, Validation]:
     """``validate`` for many sketches at once (the bench: every query of a collection), with
     one batched ``_analyze`` and one DF lookup for the parts of all of them."""
     flat = [(key, phrase) for key, phrases in sketches.items() for phrase in phrases]
     norms = terms.normalize(engine, index, [phrase for _, phrase in flat])
-    unique: dict[str, list[str]] = {key: [] for key in sketches}
-    out: dict[str, tuple[list[str], list[DroppedTerm]]] = {key: ([], []) for key in sketches}
+    unique: dict[str, dict[str, str]] = {key: {} for key in sketches}  # phrase -> analysed
+    out = {key: Validation([], [], {}) for key in sketches}
     seen: dict[str, set[str]] = {key: set() for key in sketches}
     for (key, phrase), norm in zip(flat, norms, strict=True):
-        dropped = out[key][1]
+        dropped = out[key].dropped
         if not norm:
             dropped.append(DroppedTerm(phrase, "nothing left after analysis (stopwords only)"))
         elif norm in seen[key]:
             dropped.append(DroppedTerm(phrase, "duplicate"))
         else:
             seen[key].add(norm)
-            unique[key].append(phrase)
+            unique[key][phrase] = norm
     parts = {phrase: terms.ngrams(terms.words(phrase), max_n)
              for phrases in unique.values() for phrase in phrases}
     candidates = {p.lower(): p for ps in parts.values() for p in ps}
     df = dfstats.document_frequencies(engine, index, candidates, "text", fields=list(fields))
     for key, phrases in unique.items():
-        kept, dropped = out[key]
+        kept, dropped, searched = out[key]
         for phrase in phrases:
             dfs = [df[p.lower()] for p in parts[phrase]]
             if any(0 < d and dfstats.keeps(d, cap) for d in dfs):
@@ -170,6 +195,7 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
                 dropped.append(DroppedTerm(phrase, "not in the index (DF 0)"))
             else:
                 dropped.append(DroppedTerm(phrase, f"too common (DF {max(dfs)} > cap {cap})"))
+        searched.update(expansion_terms([phrases[phrase] for phrase in kept]))
     return out
 
 
@@ -234,20 +260,21 @@ def search(
     index = settings.index.name
     result = SearchResult(text, [], 0, 0, also=list(also))
     sketch: list[str] | None = list(expansion) if expansion is not None else None
+    searched: dict[str, int] = {}
     if expand and sketch is None:
         sketch, result.model_ms, result.expansion_note = _sketch(settings, client, text)
     result.sketch = sketch
     if sketch:
         result.cap = active_cap(engine, index, settings)
-        result.expansion, result.dropped = validate(engine, index, sketch,
-                                                    result.cap, settings.index.max_ngram)
+        result.expansion, result.dropped, searched = validate(
+            engine, index, sketch, result.cap, settings.index.max_ngram)
         if not result.expansion:
             result.expansion_note = "no sketch term passed validation"
     elif expand and result.expansion_note is None:
         result.expansion_note = "the model proposed no terms"
 
-    bodies = [build_query(text, result.expansion, w=w, size=size, classes=classes)]
-    bodies += [build_query(a, (), size=size, classes=classes) for a in also]
+    bodies = [build_query(text, searched, w=w, size=size, classes=classes)]
+    bodies += [build_query(a, size=size, classes=classes) for a in also]
     for body in bodies:
         body["_source"] = ["title", "text"]
         body["explain"] = explain

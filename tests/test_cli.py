@@ -280,8 +280,10 @@ def test_bench_latency_command(opensearch: Engine, monkeypatch: pytest.MonkeyPat
                                  str(proposals), "--sketches", str(sketches), "--repeat", "1"])
     try:
         assert result.exit_code == 0, result.output
-        assert "tiny, opensearch: 12 queries x 1, 1.0 sketch terms kept per query" in result.output
+        assert "tiny, opensearch: 12 queries x 1, 1.0 sketch phrases (1.0 distinct terms) kept" \
+            in result.output
         assert "force-merged (0 deleted copies)" in result.output
+        assert "the template given the sketch phrases instead" in result.output
         assert "Sketch validation" in result.output
     finally:
         for name in opensearch.client.indices.get(index="bench-tiny-*"):

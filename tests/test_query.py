@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from fake_model import FakeModelServer
 
-from pipeline import enrich, query
+from pipeline import enrich, query, terms
 from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
 from pipeline.engine import Engine
 from pipeline.llm import ModelClient
@@ -75,17 +75,21 @@ def test_template_matches_python_query_and_resists_injection(enriched: tuple[Eng
              ("memory", ["backup", "S3"], "bridge"), ("bulk", ["disk full"], "echo")]
     cases += [(text, ["backup"], "both") for text in INJECTIONS]
     cases += [("memory", ["backup", text], "both") for text in INJECTIONS]  # in the sketch too
-    for text, expansion, classes in cases:
-        params = query.template_params(text, expansion, w=0.7, size=5, classes=classes)
-        rendered = engine.render_search_template(query.TEMPLATE_ID, params)
+    for text, phrases, classes in cases:
+        expansion = query.expansion_terms(terms.normalize(engine, index, phrases))
+        as_typed = query.template_params(text, w=0.7, size=5, classes=classes, phrases=phrases)
+        as_sent = query.template_params(text, expansion, w=0.7, size=5, classes=classes)
+        rendered = engine.render_search_template(query.TEMPLATE_ID, as_sent)
+        python = query.build_query(text, expansion, w=0.7, size=5, classes=classes)
         literal = rendered["query"]["bool"]["should"][0]["multi_match"]
         assert literal["query"] == text  # the text arrives as text, whatever it holds
-        python = query.build_query(text, expansion, w=0.7, size=5, classes=classes)
         assert literal["fields"] == python["query"]["bool"]["should"][0]["multi_match"]["fields"]
-        via_template = engine.search_template(index, query.TEMPLATE_ID, params)["hits"]["hits"]
+        assert len(rendered["query"]["bool"]["should"]) == len(python["query"]["bool"]["should"])
         via_python = engine.search(index, python)["hits"]["hits"]
-        assert [(h["_id"], round(h["_score"], 4)) for h in via_template] == \
-            [(h["_id"], round(h["_score"], 4)) for h in via_python], text
+        for params in (as_sent, as_typed):  # analysed terms, or phrases the engine analyses
+            via_template = engine.search_template(index, query.TEMPLATE_ID, params)
+            assert [(h["_id"], round(h["_score"], 4)) for h in via_template["hits"]["hits"]] \
+                == [(h["_id"], round(h["_score"], 4)) for h in via_python], (text, phrases)
     assert [h["_id"] for h in engine.search_template(
         index, query.TEMPLATE_ID, query.template_params(INJECTIONS[0]))["hits"]["hits"]][0] \
         == "disk"
@@ -130,18 +134,22 @@ def test_validation_on_a_multi_shard_index(cluster: Engine) -> None:
     name = f"test-v-{uuid.uuid4().hex[:8]}"
     build(cluster, name, shards=3)
     try:
-        kept, dropped = query.validate(cluster, name, [
+        kept, dropped, searched = query.validate(cluster, name, [
             "memory", "read only", "zebra crossing", "the of", "Xmx heap", "MEMORY"],
             cap=1, max_n=2)
         reasons = {d.term: d.reason for d in dropped}
         assert kept == ["Xmx heap"]  # "xmx" is in one document's enrichment: 0 < DF <= 1
+        assert searched == {"xmx": 1, "heap": 1}  # what the search sends: analysed terms
         assert reasons["memory"] == "too common (DF 2 > cap 1)"
         assert reasons["read only"].startswith("too common")
         assert reasons["zebra crossing"] == "not in the index (DF 0)"
         assert "stopwords" in reasons["the of"]
         assert reasons["MEMORY"] == "duplicate"
-        kept, _ = query.validate(cluster, name, ["memory", "read only"], cap=None, max_n=2)
-        assert kept == ["memory", "read only"]
+        kept, _, searched = query.validate(cluster, name, ["read only", "memory", "only"],
+                                           cap=None, max_n=2)
+        assert kept == ["read only", "memory", "only"]
+        assert searched == query.expansion_terms(terms.normalize(cluster, name, kept))
+        assert sorted(searched.values()) == [1, 1, 2]  # a term in two phrases counts twice
         # many sketches at once (the bench) decide each one as it would be decided alone
         sketches = {"a": ["memory", "Xmx heap", "MEMORY"], "b": ["backup", "the of", "memory"]}
         many = query.validate_many(cluster, name, sketches, cap=1, max_n=2)
