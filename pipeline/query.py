@@ -54,23 +54,27 @@ def expansion_fields(classes: Classes) -> list[str]:
 
 
 def build_query(text: str, expansion: Mapping[str, int] | None = None, *, w: float = 0.5,
-                size: int = 10, classes: Classes = "both") -> dict:
+                size: int = 10, classes: Classes = "both", named: bool = False) -> dict:
     """The search body the stored template renders for the same parameters. ``expansion``:
     analysed sketch term -> count (``expansion_terms``). With w = 0 the expansion clauses are
-    left out, so the ranking is exactly the literal query's."""
-    should: list[dict] = [{"multi_match": {"_name": "literal", "query": text,
-                                           "type": "most_fields", "fields": fields_for(classes)}}]
-    if w:
-        should += [{"term": {term["field"]: {"_name": "expansion", "value": term["value"],
-                                             "boost": term["boost"]}}}
-                   for term in _term_params(expansion or {}, w, classes)]
+    left out, so the ranking is exactly the literal query's. ``named``: name every clause
+    (``literal``, ``expansion:<term>``) so that each hit says which matched — the engine then
+    runs the named clauses again for every hit, so only ``--explain`` asks for it."""
+    literal = {"query": text, "type": "most_fields", "fields": fields_for(classes)}
+    should: list[dict] = [{"multi_match": {**({"_name": "literal"} if named else {}), **literal}}]
+    for term in _term_params(expansion or {}, w, classes) if w else []:
+        clause = {"value": term["value"], "boost": term["boost"]}
+        should.append({"term": {term["field"]: {**({"_name": term["name"]} if named else {}),
+                                                **clause}}})
     should.append({"match_none": {}})
     return {"size": size, "query": {"bool": {"should": should}}}
 
 
 def _term_params(expansion: Mapping[str, int], w: float, classes: Classes) -> list[dict]:
-    return [{"field": f, "value": term, "boost": w * count}
-            for f in expansion_fields(classes) for term, count in expansion.items()]
+    fields = expansion_fields(classes)
+    return [{"field": f, "value": term, "boost": w * count,
+             "name": f"expansion:{term}" + (f"@{f}" if len(fields) > 1 else "")}
+            for f in fields for term, count in expansion.items()]
 
 
 def expansion_terms(norms: Sequence[str]) -> dict[str, int]:
@@ -80,12 +84,14 @@ def expansion_terms(norms: Sequence[str]) -> dict[str, int]:
 
 
 def template_params(text: str, expansion: Mapping[str, int] | None = None, *, w: float = 0.5,
-                    size: int = 10, classes: Classes = "both",
+                    size: int = 10, classes: Classes = "both", named: bool = False,
                     phrases: Sequence[str] = ()) -> dict:
     """Parameters of the stored template: ``expansion`` as ``build_query`` takes it, or
     ``phrases`` as a person types them (the engine analyses each, one clause per phrase)."""
     params: dict = {"query": text, "expansion": list(phrases), "w": w, "size": size,
                     "terms": _term_params(expansion or {}, w, classes) if w else []}
+    if named:
+        params["named"] = True
     if classes in ("echo", "none"):
         params["skip_bridge"] = True
     if classes in ("bridge", "none"):
@@ -204,7 +210,8 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
 
 def _hits(response: dict) -> list[Hit]:
     return [Hit(h["_id"], float(h["_score"] or 0.0), h["_source"].get("title", ""),
-                h["_source"].get("text", ""), list(h.get("matched_queries", [])),
+                h["_source"].get("text", ""),
+                sorted(h.get("matched_queries", []), key=lambda n: (n != "literal", n)),
                 _matched_terms(h.get("_explanation")))
             for h in response["hits"]["hits"]]
 
@@ -273,8 +280,8 @@ def search(
     elif expand and result.expansion_note is None:
         result.expansion_note = "the model proposed no terms"
 
-    bodies = [build_query(text, searched, w=w, size=size, classes=classes)]
-    bodies += [build_query(a, size=size, classes=classes) for a in also]
+    bodies = [build_query(text, searched, w=w, size=size, classes=classes, named=explain)]
+    bodies += [build_query(a, size=size, classes=classes, named=explain) for a in also]
     for body in bodies:
         body["_source"] = ["title", "text"]
         body["explain"] = explain

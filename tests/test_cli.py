@@ -234,7 +234,7 @@ def test_search_with_expansion_explain_and_template(opensearch: Engine,
             assert "expansion: ['backup']" in result.output
             assert "dropped 'nonexistent words': not in the index (DF 0)" in result.output
             # the sketch is scored on `enriched`: the bridge term "backup" found it
-            explained = "1. b [literal, expansion] contents: copi; enriched: backup"
+            explained = "1. b [literal, expansion:backup] contents: copi; enriched: backup"
             assert explained in result.output
 
             as_json = runner.invoke(app, ["--index", index, "search", "memory", "--json"])

@@ -60,6 +60,16 @@ INJECTIONS = [
 ]
 
 
+def numbers_as_numbers(body: object) -> object:
+    """A rendered template writes ``size`` and ``boost`` as strings (the engine accepts both)."""
+    if isinstance(body, dict):
+        return {k: float(v) if k in ("size", "boost") else numbers_as_numbers(v)
+                for k, v in body.items()}
+    if isinstance(body, list):
+        return [numbers_as_numbers(v) for v in body]
+    return body
+
+
 def test_template_matches_python_query_and_resists_injection(enriched: tuple[Engine, Settings]
                                                              ) -> None:
     engine, settings = enriched
@@ -78,18 +88,24 @@ def test_template_matches_python_query_and_resists_injection(enriched: tuple[Eng
     for text, phrases, classes in cases:
         expansion = query.expansion_terms(terms.normalize(engine, index, phrases))
         as_typed = query.template_params(text, w=0.7, size=5, classes=classes, phrases=phrases)
-        as_sent = query.template_params(text, expansion, w=0.7, size=5, classes=classes)
-        rendered = engine.render_search_template(query.TEMPLATE_ID, as_sent)
-        python = query.build_query(text, expansion, w=0.7, size=5, classes=classes)
-        literal = rendered["query"]["bool"]["should"][0]["multi_match"]
-        assert literal["query"] == text  # the text arrives as text, whatever it holds
-        assert literal["fields"] == python["query"]["bool"]["should"][0]["multi_match"]["fields"]
-        assert len(rendered["query"]["bool"]["should"]) == len(python["query"]["bool"]["should"])
+        for named in (False, True):
+            as_sent = query.template_params(text, expansion, w=0.7, size=5, classes=classes,
+                                            named=named)
+            rendered = engine.render_search_template(query.TEMPLATE_ID, as_sent)
+            python = query.build_query(text, expansion, w=0.7, size=5, classes=classes,
+                                       named=named)
+            literal = rendered["query"]["bool"]["should"][0]["multi_match"]
+            assert literal["query"] == text  # the text arrives as text, whatever it holds
+            assert numbers_as_numbers(rendered) == python
         via_python = engine.search(index, python)["hits"]["hits"]
         for params in (as_sent, as_typed):  # analysed terms, or phrases the engine analyses
             via_template = engine.search_template(index, query.TEMPLATE_ID, params)
             assert [(h["_id"], round(h["_score"], 4)) for h in via_template["hits"]["hits"]] \
                 == [(h["_id"], round(h["_score"], 4)) for h in via_python], (text, phrases)
+    typed = query.template_params("memory", phrases=["garbage collection", "backup"], named=True)
+    named = engine.search_template(index, query.TEMPLATE_ID, typed)["hits"]["hits"]
+    assert {h["_id"]: sorted(h["matched_queries"]) for h in named}["heap"] == \
+        ["expansion:garbage collection", "literal"]
     assert [h["_id"] for h in engine.search_template(
         index, query.TEMPLATE_ID, query.template_params(INJECTIONS[0]))["hits"]["hits"]][0] \
         == "disk"
@@ -119,6 +135,15 @@ def test_enrichment_classes_and_explain(enriched: tuple[Engine, Settings]) -> No
     assert set(hit.matched_terms) == {"enrich_bridge", "contents"}
     assert hit.matched_terms["contents"] == ["memori"] if engine.capabilities.stemming \
         else hit.matched_terms["contents"] == ["memory"]
+    # each sketch term says whether it matched, whichever clause comes last
+    explained = query.search(engine, settings, "object storage",
+                             expansion=["backup", "disk full"], explain=True)
+    snap = next(h for h in explained.hits if h.id == "snap")
+    assert sorted(snap.matched_queries) == ["expansion:backup", "literal"]
+    assert sorted(next(h for h in explained.hits if h.id == "disk").matched_queries) == \
+        ["expansion:disk", "expansion:full"]
+    plain = query.search(engine, settings, "object storage", expansion=["backup", "disk full"])
+    assert [h.matched_queries for h in plain.hits] == [[] for _ in plain.hits]  # no names asked
 
 
 def test_caller_phrasings_are_fused(enriched: tuple[Engine, Settings]) -> None:
