@@ -152,12 +152,14 @@ class Runner:
     """Runs configurations over query sets against one bench index."""
 
     def __init__(self, engine: Engine, settings: Settings, sketches: dict[str, list[str]],
-                 phrasings: dict[str, list[str]] | None = None):
+                 phrasings: dict[str, list[str]] | None = None,
+                 max_sketch_terms: int | None = None):
         self.engine = engine
         self.settings = settings
         self.index = settings.index.name
         self.sketches = sketches
         self.phrasings = phrasings or {}
+        self.max_sketch_terms = max_sketch_terms
         self._validated: dict[tuple, dict[str, query.Validation]] = {}
 
     def expansion(self, qid: str, cap: int | None, max_n: int, enriched: bool
@@ -168,7 +170,8 @@ class Runner:
         if setting not in self._validated:
             fields = dfstats.ENRICHED_FIELDS if enriched else dfstats.TEXT_FIELDS
             self._validated[setting] = query.validate_many(
-                self.engine, self.index, self.sketches, cap, max_n, fields)
+                self.engine, self.index, self.sketches, cap, max_n, fields,
+                self.max_sketch_terms)
         return self._validated[setting].get(qid, query.Validation([], [], {}))
 
     def run(self, config: Config, queries: dict[str, str], *, w: float = 0.5, max_n: int = 2,
@@ -400,8 +403,9 @@ def prepare_index(engine: Engine, settings: Settings, dataset: Path, proposals: 
 def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path | None,
           sketches_path: Path | None, split: str = "test", dev_split: str | None = None,
           recreate: bool = False, progress: Callable[[str, int | None], Callable[[], None]]
-          | None = None) -> tuple[Report, dict[str, Run]]:
-    """Run every configuration the inputs allow; tuned on dev, reported on ``split``."""
+          | None = None, max_sketch_terms: int | None = None) -> tuple[Report, dict[str, Run]]:
+    """Run every configuration the inputs allow; tuned on dev, reported on ``split``.
+    ``max_sketch_terms``: the search's budget of sketch terms (``query.validate``)."""
     def noop() -> None:
         return None
 
@@ -420,9 +424,10 @@ def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path 
         "bm25_k1": settings.index.bm25_k1, "bm25_b": settings.index.bm25_b,
         "df_basis": settings.enrich.df_basis, "index": settings.index.name,
         "stemming": engine.capabilities.stemming, "proposals": str(proposals or ""),
-        "sketches": str(sketches_path or ""), "queries": len(test.queries)}, notes=notes)
+        "sketches": str(sketches_path or ""), "queries": len(test.queries),
+        "max_sketch_terms": max_sketch_terms}, notes=notes)
     phrasings = load_phrasings(dataset / "queries.jsonl")
-    runner = Runner(engine, settings, sketches, phrasings)
+    runner = Runner(engine, settings, sketches, phrasings, max_sketch_terms)
     apply = Applier(engine, settings, runner)
     best = _tune(runner, apply, dev, report, has_proposals, has_sketches,
                  progress("tuning on dev", tuning_steps(has_proposals, has_sketches)))
@@ -479,8 +484,10 @@ def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path 
 def markdown(report: Report) -> str:
     head = ["config", "R@10", "R@100", "nDCG@10", "MRR@10", "noise@10", "ΔR@10 [95% CI]",
             "ΔnDCG@10 [95% CI]", "up/down", "settings"]
+    budget = report.settings.get("max_sketch_terms")
     lines = [f"**{report.dataset}** ({report.engine}, {report.split}: "
-             f"{report.settings['queries']} queries; dev: {report.dev})", "",
+             f"{report.settings['queries']} queries; dev: {report.dev}"
+             + (f"; at most {budget} sketch terms per search" if budget else "") + ")", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     def delta(row: dict, m: str) -> str:
         if f"d{m}" not in row:
@@ -555,7 +562,8 @@ PHRASES = "two-clause, phrases"  # the template given sketch phrases, where it c
 
 def latency(engine: Engine, settings: Settings, queries: dict[str, str],
             sketches: dict[str, list[str]], *, w: float = 0.5, max_n: int = 2,
-            repeat: int = 3, tick: Callable[[], None] | None = None) -> dict:
+            repeat: int = 3, tick: Callable[[], None] | None = None,
+            max_sketch_terms: int | None = None) -> dict:
     """Engine-side latency (``took``, ms) of plain BM25 (title + text) and of the literal
     clause alone (title + text + enrichment: the template with no sketch) against the
     two-clause query with the validated sketch (as ``sira search`` sends it: analysed terms),
@@ -564,7 +572,7 @@ def latency(engine: Engine, settings: Settings, queries: dict[str, str],
     engine renders templates, also the template given the sketch phrases (as a person calls
     it from Dev Tools). Validation (per query an ``_analyze`` and one aggregation request)
     is timed apart; the model call is not part of this."""
-    runner = Runner(engine, settings, sketches)
+    runner = Runner(engine, settings, sketches, max_sketch_terms=max_sketch_terms)
     applier = Applier(engine, settings, runner)
     cap = applier(dfstats.Policy.from_settings(settings.enrich))
     out: dict = {"queries": len(queries), "repeat": repeat}
@@ -572,7 +580,8 @@ def latency(engine: Engine, settings: Settings, queries: dict[str, str],
         validate_ms = []
         for qid in queries:  # as a search validates its sketch: one query at a time
             started = time.perf_counter()
-            query.validate(engine, runner.index, sketches.get(qid, []), cap, max_n)
+            query.validate(engine, runner.index, sketches.get(qid, []), cap, max_n,
+                           max_sketch_terms=max_sketch_terms)
             validate_ms.append((time.perf_counter() - started) * 1000)
         out["validation_ms"] = _stats(validate_ms)
         validated = {qid: runner.expansion(qid, cap, max_n, True) for qid in queries}

@@ -185,6 +185,11 @@ def index_cmd(
         raise typer.Exit(1)
 
 
+SketchBudgetOpt = Annotated[int | None, typer.Option(
+    min=1, help="At most this many distinct sketch terms take part (whole phrases, in the "
+                "sketch's order): less engine time, some quality (README, Speed).")]
+
+
 def _print_hits(result: SearchResult, explain: bool = False) -> None:
     if result.sketch is not None or result.expansion_note:
         out.print(f"sketch: {result.sketch}", highlight=False)
@@ -225,12 +230,14 @@ def search_cmd(
     explain: Annotated[bool, typer.Option(help="Show the sketch, validation and what "
                                           "matched per hit.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    max_sketch_terms: SketchBudgetOpt = None,
     index: IndexOpt = None,
 ) -> None:
     """Search: BM25 over title + text + enrichment, optionally with a validated sketch."""
     settings = _settings(ctx, index)
     result = search(_connect(settings), settings, text, also=also or [], expand=expand, w=w,
-                    size=size, classes=classes, explain=explain or as_json)
+                    size=size, classes=classes, explain=explain or as_json,
+                    max_sketch_terms=max_sketch_terms)
     if as_json:
         sys.stdout.write(json.dumps(dataclasses.asdict(result)) + "\n")
     else:
@@ -471,6 +478,7 @@ def bench_cmd(
                                           "go.")] = Path("bench-results"),
     recreate: Annotated[bool, typer.Option(help="Rebuild the index even if it matches.")]
     = False,
+    max_sketch_terms: SketchBudgetOpt = None,
 ) -> None:
     """Measure every configuration on a BEIR collection; print a Markdown table."""
     from pipeline import bench
@@ -486,7 +494,8 @@ def bench_cmd(
         try:
             report, runs = bench.bench(engine, settings, dataset, proposals=proposals,
                                        sketches_path=sketches, split=split,
-                                       dev_split=dev_split, recreate=recreate, progress=track)
+                                       dev_split=dev_split, recreate=recreate, progress=track,
+                                       max_sketch_terms=max_sketch_terms)
         except CorpusError as exc:
             raise _fail(str(exc)) from exc
     paths = bench.write(report, runs, out_dir)
@@ -505,6 +514,7 @@ def bench_latency_cmd(
     repeat: Annotated[int, typer.Option(help="Passes over the queries.")] = 5,
     k1: Annotated[float, typer.Option(help="BM25 k1.")] = 0.9,
     b: Annotated[float, typer.Option(help="BM25 b.")] = 0.4,
+    max_sketch_terms: SketchBudgetOpt = None,
 ) -> None:
     """Engine time (took) of the two-clause query against plain BM25: median, p95, ratio."""
     from pipeline import bench
@@ -518,14 +528,17 @@ def bench_latency_cmd(
         bench.prepare_index(engine, settings, dataset, proposals, recreate=False)
         task = progress.add_task("searching", total=len(queries) * repeat * 2)
         figures = bench.latency(engine, settings, queries, bench.load_sketches(sketches, known),
-                                w=w, repeat=repeat, tick=lambda: progress.advance(task))
+                                w=w, repeat=repeat, tick=lambda: progress.advance(task),
+                                max_sketch_terms=max_sketch_terms)
     out.print(f"{dataset.name}, {engine.kind}: {figures['queries']} queries x {repeat}, "
               f"{figures['expansion_phrases']:.1f} sketch phrases ({figures['expansion_terms']:.1f}"
-              f" distinct terms) kept per query. Engine time of plain BM25 on title + text, of "
-              f"the literal clause alone (the template without a sketch: title + text + "
-              f"enrichment) and of the two-clause query with the sketch's analysed terms (as "
-              f"sira search sends it): the mean took (whole ms, truncated), and the mean round "
-              f"trip less that of an empty search (trip-0, finer):")
+              f" distinct terms) kept per query"
+              + (f" (at most {max_sketch_terms} terms)" if max_sketch_terms else "")
+              + ". Engine time of plain BM25 on title + text, of "
+              "the literal clause alone (the template without a sketch: title + text + "
+              "enrichment) and of the two-clause query with the sketch's analysed terms (as "
+              "sira search sends it): the mean took (whole ms, truncated), and the mean round "
+              "trip less that of an empty search (trip-0, finer):")
     table = Table()
     for column in ("index", "segs", "ms", "plain", "literal", "two-clause", "÷ plain",
                    "÷ literal"):

@@ -161,16 +161,21 @@ class Validation(NamedTuple):
 
 
 def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None, max_n: int,
-             fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS)) -> Validation:
+             fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS),
+             max_sketch_terms: int | None = None) -> Validation:
     """Keep a phrase when some 1..max_n-word part of it has 0 < DF <= cap in ``fields``
-    (default: the enriched index); one request for all the parts of all the phrases."""
-    return validate_many(engine, index, {"": phrases}, cap, max_n, fields)[""]
+    (default: the enriched index); one request for all the parts of all the phrases.
+    ``max_sketch_terms``: at most this many distinct analysed terms take part — whole phrases
+    in the sketch's order, a phrase that would go over is dropped (each term is one clause
+    of the search, and clauses are what it costs; RM3's "expansion terms" in effect)."""
+    return validate_many(engine, index, {"": phrases}, cap, max_n, fields,
+                         max_sketch_terms)[""]
 
 
 def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]],
                   cap: int | None, max_n: int,
-                  fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS)
-                  ) -> dict[str, Validation]:
+                  fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS),
+                  max_sketch_terms: int | None = None) -> dict[str, Validation]:
     """``validate`` for many sketches at once (the bench: every query of a collection), with
     one batched ``_analyze`` and one DF lookup for the parts of all of them."""
     flat = [(key, phrase) for key, phrases in sketches.items() for phrase in phrases]
@@ -196,12 +201,19 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
         for phrase in phrases:
             dfs = [df[p.lower()] for p in parts[phrase]]
             if any(0 < d and dfstats.keeps(d, cap) for d in dfs):
+                tokens = phrases[phrase].split()
+                if max_sketch_terms is not None and \
+                        len(searched.keys() | set(tokens)) > max_sketch_terms:
+                    dropped.append(DroppedTerm(
+                        phrase, f"over the budget of {max_sketch_terms} sketch terms"))
+                    continue
                 kept.append(phrase)
+                for token in tokens:  # a term in two phrases counts twice (expansion_terms)
+                    searched[token] = searched.get(token, 0) + 1
             elif all(d == 0 for d in dfs):
                 dropped.append(DroppedTerm(phrase, "not in the index (DF 0)"))
             else:
                 dropped.append(DroppedTerm(phrase, f"too common (DF {max(dfs)} > cap {cap})"))
-        searched.update(expansion_terms([phrases[phrase] for phrase in kept]))
     return out
 
 
@@ -260,10 +272,12 @@ def search(
     size: int = 10,
     classes: Classes = "both",
     explain: bool = False,
+    max_sketch_terms: int | None = None,
 ) -> SearchResult:
     """Search the enriched index. ``expand``: ask the model for a sketch; ``expansion``:
     sketch terms given by the caller (e.g. recorded); either way they are validated against
-    the index first. ``also``: more phrasings of the same need, fused with equal weight."""
+    the index first (``max_sketch_terms``: see ``validate``). ``also``: more phrasings of the
+    same need, fused with equal weight."""
     index = settings.index.name
     result = SearchResult(text, [], 0, 0, also=list(also))
     sketch: list[str] | None = list(expansion) if expansion is not None else None
@@ -274,7 +288,8 @@ def search(
     if sketch:
         result.cap = active_cap(engine, index, settings)
         result.expansion, result.dropped, searched = validate(
-            engine, index, sketch, result.cap, settings.index.max_ngram)
+            engine, index, sketch, result.cap, settings.index.max_ngram,
+            max_sketch_terms=max_sketch_terms)
         if not result.expansion:
             result.expansion_note = "no sketch term passed validation"
     elif expand and result.expansion_note is None:

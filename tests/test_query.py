@@ -144,6 +144,10 @@ def test_enrichment_classes_and_explain(enriched: tuple[Engine, Settings]) -> No
         ["expansion:disk", "expansion:full"]
     plain = query.search(engine, settings, "object storage", expansion=["backup", "disk full"])
     assert [h.matched_queries for h in plain.hits] == [[] for _ in plain.hits]  # no names asked
+    budget = query.search(engine, settings, "object storage", expansion=["backup", "disk full"],
+                          max_sketch_terms=1)
+    assert budget.expansion == ["backup"] and "disk" not in ids(budget)
+    assert [d.term for d in budget.dropped] == ["disk full"]
 
 
 def test_caller_phrasings_are_fused(enriched: tuple[Engine, Settings]) -> None:
@@ -175,6 +179,14 @@ def test_validation_on_a_multi_shard_index(cluster: Engine) -> None:
         assert kept == ["read only", "memory", "only"]
         assert searched == query.expansion_terms(terms.normalize(cluster, name, kept))
         assert sorted(searched.values()) == [1, 1, 2]  # a term in two phrases counts twice
+        # a budget of sketch terms takes whole phrases in order, skipping one that would go over
+        kept, dropped, searched = query.validate(
+            cluster, name, ["read only", "memory", "only", "Xmx heap"], cap=None, max_n=2,
+            max_sketch_terms=2)
+        assert kept == ["read only", "only"] and len(searched) == 2
+        assert {d.term: d.reason for d in dropped} == {
+            "memory": "over the budget of 2 sketch terms",
+            "Xmx heap": "over the budget of 2 sketch terms"}
         # many sketches at once (the bench) decide each one as it would be decided alone
         sketches = {"a": ["memory", "Xmx heap", "MEMORY"], "b": ["backup", "the of", "memory"]}
         many = query.validate_many(cluster, name, sketches, cap=1, max_n=2)
