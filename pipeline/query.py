@@ -198,22 +198,22 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
     df = dfstats.document_frequencies(engine, index, candidates, "text", fields=list(fields))
     for key, phrases in unique.items():
         kept, dropped, searched = out[key]
+        taken: set[str] = set()
         for phrase in phrases:
             dfs = [df[p.lower()] for p in parts[phrase]]
             if any(0 < d and dfstats.keeps(d, cap) for d in dfs):
-                tokens = phrases[phrase].split()
-                if max_sketch_terms is not None and \
-                        len(searched.keys() | set(tokens)) > max_sketch_terms:
+                tokens = set(phrases[phrase].split())
+                if max_sketch_terms is not None and len(taken | tokens) > max_sketch_terms:
                     dropped.append(DroppedTerm(
                         phrase, f"over the budget of {max_sketch_terms} sketch terms"))
                     continue
                 kept.append(phrase)
-                for token in tokens:  # a term in two phrases counts twice (expansion_terms)
-                    searched[token] = searched.get(token, 0) + 1
+                taken |= tokens
             elif all(d == 0 for d in dfs):
                 dropped.append(DroppedTerm(phrase, "not in the index (DF 0)"))
             else:
                 dropped.append(DroppedTerm(phrase, f"too common (DF {max(dfs)} > cap {cap})"))
+        searched.update(expansion_terms([phrases[phrase] for phrase in kept]))
     return out
 
 
