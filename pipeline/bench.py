@@ -562,7 +562,7 @@ PHRASES = "two-clause, phrases"  # the template given sketch phrases, where it c
 
 def latency(engine: Engine, settings: Settings, queries: dict[str, str],
             sketches: dict[str, list[str]], *, w: float = 0.5, max_n: int = 2,
-            repeat: int = 3, tick: Callable[[], None] | None = None,
+            repeat: int = 5, tick: Callable[[], None] | None = None,
             max_sketch_terms: int | None = None) -> dict:
     """Engine-side latency (``took``, ms) of plain BM25 (title + text) and of the literal
     clause alone (title + text + enrichment: the template with no sketch) against the
@@ -572,19 +572,18 @@ def latency(engine: Engine, settings: Settings, queries: dict[str, str],
     engine renders templates, also the template given the sketch phrases (as a person calls
     it from Dev Tools). Validation (per query an ``_analyze`` and one aggregation request)
     is timed apart; the model call is not part of this."""
-    runner = Runner(engine, settings, sketches, max_sketch_terms=max_sketch_terms)
+    runner = Runner(engine, settings, sketches)
     applier = Applier(engine, settings, runner)
     cap = applier(dfstats.Policy.from_settings(settings.enrich))
     out: dict = {"queries": len(queries), "repeat": repeat}
     try:
-        validate_ms = []
+        validate_ms, validated = [], {}
         for qid in queries:  # as a search validates its sketch: one query at a time
             started = time.perf_counter()
-            query.validate(engine, runner.index, sketches.get(qid, []), cap, max_n,
-                           max_sketch_terms=max_sketch_terms)
+            validated[qid] = query.validate(engine, runner.index, sketches.get(qid, []), cap,
+                                            max_n, max_sketch_terms=max_sketch_terms)
             validate_ms.append((time.perf_counter() - started) * 1000)
         out["validation_ms"] = _stats(validate_ms)
-        validated = {qid: runner.expansion(qid, cap, max_n, True) for qid in queries}
         out["expansion_phrases"] = float(np.mean([len(v.kept) for v in validated.values()]))
         out["expansion_terms"] = float(np.mean([len(v.terms) for v in validated.values()]))
         bodies = {qid: {"bm25": query.build_query(text, classes="none"),
