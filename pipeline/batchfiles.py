@@ -45,11 +45,14 @@ class ImportSummary:
     stored: int = 0
     failed_answers: int = 0
     report: LoadReport = field(default_factory=LoadReport)
-    rejected: list[ItemFailure] = field(default_factory=list)
+    refused: list[ItemFailure] = field(default_factory=list)  # proposals the engine refused
+    rejected: list[ItemFailure] = field(default_factory=list)  # not even recorded as failed
 
     def line(self) -> str:
         return (f"{self.lines} lines: {self.stored} documents stored, {self.failed_answers} "
-                f"recorded as failed, {self.report.skipped} lines skipped")
+                f"recorded as failed ({len(self.refused)} of them refused by the engine), "
+                f"{self.report.skipped} lines skipped"
+                + (f", {len(self.rejected)} rejected by the engine" if self.rejected else ""))
 
 
 @dataclass
@@ -114,7 +117,10 @@ def import_proposals(engine: Engine, settings: Settings, path: Path, *,
             result = enrich.store_proposals(engine, index, proposals, sources, model=line_model,
                                             prompt_version=line_prompt, stance=prompt.stance)
             summary.stored += result.ok
-            summary.rejected += result.failures
+            # proposals the engine refuses fail their document, named, as in the online path
+            summary.refused += result.failures
+            failures |= {f.id: f"engine rejected the proposals: {f.reason}"
+                         for f in result.failures}
         failed = enrich.record_failures(engine, index, failures, sources)
         summary.failed_answers += failed.ok
         summary.rejected += failed.failures

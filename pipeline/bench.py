@@ -129,6 +129,11 @@ class Split:
 
 def splits(dataset: Path, split: str, dev_split: str | None) -> tuple[Split, Split, str]:
     """(test, dev, how the dev split was chosen)."""
+    if dev_split == split:
+        raise CorpusError(f"--dev-split {dev_split} is the reported split: parameters tuned on "
+                          "it would be measured on the queries they were chosen on")
+    if dev_split and not (dataset / "qrels" / f"{dev_split}.tsv").is_file():
+        raise CorpusError(f"{dataset}: no qrels/{dev_split}.tsv for --dev-split {dev_split}")
     test_q, test_qrels = beir_split(dataset, split)
     for name in ([dev_split] if dev_split else ["dev", "train"]):
         if (dataset / "qrels" / f"{name}.tsv").is_file():

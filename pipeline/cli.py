@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,19 +17,48 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipeline import batchfiles, enrich, servers
-from pipeline.config import DfBasis, EngineKind, PolicyKind, Settings, Stance
-from pipeline.engine import Engine, EngineUnavailable
+from pipeline.config import DfBasis, EngineKind, PolicyKind, Settings, Stance, redact_url
+from pipeline.engine import Engine, EngineUnavailable, describe_error
 from pipeline.jobs import IndexSummary, JobFailed, JobSummary, index_corpus, merge_line, reindex
 from pipeline.llm import ModelClient, NotConfigured
 from pipeline.loaders import CorpusError, count_items, is_beir_folder, load_queries
 from pipeline.query import Classes, SearchResult, install_template, search
 
-app = typer.Typer(help="SIRA: LLM-enriched lexical retrieval for Elasticsearch and OpenSearch.",
-                  no_args_is_help=True, pretty_exceptions_show_locals=False)
-engine_app = typer.Typer(help="Local search engines for development and tests.",
+
+class _App(typer.Typer):
+    """Typer, with every command ending on an engine error (unreachable, credentials
+    refused, no such index, a refused request) with one line naming it, not a traceback."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Callable], Callable]:
+        register = super().command(*args, **kwargs)
+
+        def decorator(func: Callable) -> Callable:
+            @functools.wraps(func)
+            def one_line_errors(*a: Any, **k: Any) -> Any:
+                try:
+                    return func(*a, **k)
+                except (typer.Exit, typer.Abort):
+                    raise
+                except Exception as exc:
+                    message = describe_error(exc, _CONNECTED.get("url"))
+                    if message is None:
+                        raise
+                    err.print(f"error: {message}")
+                    raise typer.Exit(2) from exc
+
+            register(one_line_errors)
+            return func
+
+        return decorator
+
+
+_CONNECTED: dict[str, str] = {}  # the engine URL the command connected to, for messages
+app = _App(help="SIRA: LLM-enriched lexical retrieval for Elasticsearch and OpenSearch.",
+           no_args_is_help=True, pretty_exceptions_show_locals=False)
+engine_app = _App(help="Local search engines for development and tests.",
                          no_args_is_help=True)
 app.add_typer(engine_app, name="engine")
-template_app = typer.Typer(help="The stored search template.", no_args_is_help=True)
+template_app = _App(help="The stored search template.", no_args_is_help=True)
 app.add_typer(template_app, name="template")
 
 out = Console(soft_wrap=True, markup=False)  # printed text comes from data: no markup
@@ -73,7 +103,9 @@ def main(
 
 def _connect(settings: Settings) -> Engine:
     try:
-        return Engine.from_settings(settings, local_name=LOCAL)
+        engine = Engine.from_settings(settings, local_name=LOCAL)
+        _CONNECTED["url"] = engine.url
+        return engine
     except EngineUnavailable as exc:
         err.print(f"error: {exc}")
         raise typer.Exit(2) from exc
@@ -143,8 +175,7 @@ def engine_status(ctx: typer.Context, name: Annotated[str, typer.Option()] = LOC
 
 def _print_problems(summary: IndexSummary, limit: int = 20) -> None:
     problems = [str(p) for p in summary.load.problems]
-    problems += [f"document {f.id}: rejected by the engine ({f.status}): {f.reason}"
-                 for f in summary.bulk.failures]
+    problems += [str(f) for f in summary.bulk.failures]
     for line in problems[:limit]:
         err.print("skipped " + line, highlight=False)
     if len(problems) > limit:
@@ -181,6 +212,8 @@ def index_cmd(
         summary = _index(settings, engine, path, recreate)
     except CorpusError as exc:
         raise _fail(str(exc)) from exc
+    if summary.load.loaded == 0:
+        raise _fail(f"{path}: no document could be loaded", 1)
     if summary.bulk.failed or (strict and summary.load.skipped):
         raise typer.Exit(1)
 
@@ -274,7 +307,7 @@ BasisOpt = Annotated[DfBasis | None, typer.Option(help="What DF counts: text, pr
 
 def _print_apply(summary: enrich.ApplySummary) -> None:
     for failure in summary.rejected[:20]:
-        err.print(f"rejected document {failure.id}: {failure.reason}")
+        err.print(str(failure))
     out.print(f"{summary.line()}")
 
 
@@ -380,10 +413,12 @@ def import_proposals_cmd(
                                           prompt_version=prompt_version)
     for problem in summary.report.problems[:20]:
         err.print(f"skipped {problem}", highlight=False)
+    for failure in [*summary.refused, *summary.rejected][:20]:
+        err.print(str(failure), highlight=False)
     out.print(f"import: {summary.line()}")
     if apply:
         _print_apply(enrich.apply(engine, settings))
-    if summary.report.skipped or summary.rejected:
+    if summary.report.skipped or summary.refused or summary.rejected:
         raise typer.Exit(1)
 
 
@@ -395,7 +430,7 @@ def _run_job(settings: Settings, engine: Engine, source: str | None, workers: in
     from pipeline.localworkers import LocalWorkers
 
     if workers:
-        where = settings.worker.broker_url or "the embedded broker (filesystem)"
+        where = redact_url(settings.worker.broker_url or "") or "the embedded broker (filesystem)"
         out.print(f"starting {workers} local worker(s) on {where}")
     with Progress(TextColumn("documents proposed or failed"), BarColumn(),
                   MofNCompleteColumn(), TimeElapsedColumn(), console=err,
@@ -437,6 +472,10 @@ def reindex_cmd(
         raise _fail(str(exc), 1) from exc
     for problem in summary.load.problems[:20]:
         err.print(f"skipped {problem}", highlight=False)
+    for failure in summary.rejected[:20]:
+        err.print(str(failure), highlight=False)
+    if len(summary.rejected) > 20:
+        err.print(f"... and {len(summary.rejected) - 20} more rejected by the engine")
     out.print(summary.line(), highlight=False)
     if summary.failed or summary.rejected or summary.skipped_input:
         raise typer.Exit(1)
@@ -594,7 +633,7 @@ def demo(
     engine = _connect(settings)
     assert is_beir_folder(SAMPLE), f"the sample collection is missing from {SAMPLE}"
     if settings.llm.url:
-        out.print(f"model server: {settings.llm.url}; running the enrichment job")
+        out.print(f"model server: {redact_url(settings.llm.url)}; running the enrichment job")
         try:
             summary = _run_job(settings, engine, str(SAMPLE), workers=1, timeout=600)
         except JobFailed as exc:

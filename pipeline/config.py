@@ -8,8 +8,10 @@ settings object never shows them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,11 +19,31 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 EngineKind = Literal["opensearch", "elasticsearch"]
 
 
+def redact_url(url: str) -> str:
+    """The URL with any user:password part shown as ``***``, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = "***@" + (parts.hostname or "")
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+
+
+class RedactedRepr:
+    """Settings print their URLs without credentials (``redis://:secret@host`` -> host):
+    a settings object in a log line or a traceback shows no password."""
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():  # type: ignore[misc]
+            yield name, redact_url(value) if isinstance(value, str) and "@" in value else value
+
+
 def default_state_dir() -> Path:
     return Path.home() / ".cache" / "sira-pipeline"
 
 
-class EngineSettings(BaseModel):
+class EngineSettings(RedactedRepr, BaseModel):
     """How to reach a search engine. With no ``url``, the CLI uses the local engine that
     ``sira engine start`` recorded under the state directory."""
 
@@ -35,7 +57,7 @@ class EngineSettings(BaseModel):
     request_timeout: float = 60.0
 
 
-class IndexSettings(BaseModel):
+class IndexSettings(RedactedRepr, BaseModel):
     name: str = "sira"
     shards: int = 1
     replicas: int = 0
@@ -48,7 +70,7 @@ class IndexSettings(BaseModel):
     max_ngram: int = Field(default=3, ge=1, le=3)
 
 
-class LLMSettings(BaseModel):
+class LLMSettings(RedactedRepr, BaseModel):
     """The model server: vLLM's OpenAI-compatible API (or any server that speaks it)."""
 
     url: str | None = None  # e.g. http://vllm:8000/v1 ; None = no model configured
@@ -72,7 +94,7 @@ PolicyKind = Literal["none", "ratio", "absolute", "rank"]
 DfBasis = Literal["text", "proposals", "both"]
 
 
-class EnrichSettings(BaseModel):
+class EnrichSettings(RedactedRepr, BaseModel):
     # new: only vocabulary absent from the document (the reference prompt, "bridge" terms);
     # new+key: also the document's own most distinctive phrases ("echo" terms).
     stance: Stance = "new+key"
@@ -88,7 +110,7 @@ class EnrichSettings(BaseModel):
     df_basis: DfBasis = "both"
 
 
-class WorkerSettings(BaseModel):
+class WorkerSettings(RedactedRepr, BaseModel):
     """The Celery layer. With no broker URL the local default is kombu's filesystem transport
     under the state directory (no server needed)."""
 
@@ -101,15 +123,16 @@ class WorkerSettings(BaseModel):
     max_doc_attempts: int = 3  # a failed document is retried by later jobs until this many
     # the job re-enqueues documents still queued after this long without any progress
     requeue_after: float = 300.0
+    max_requeues: int = Field(default=3, ge=0)  # then the job ends, naming what is left
 
 
-class LoadSettings(BaseModel):
+class LoadSettings(RedactedRepr, BaseModel):
     # A document whose title + text is larger than this is skipped with an error.
     max_doc_bytes: int = 1_000_000
     bulk_batch_docs: int = 500
 
 
-class Settings(BaseSettings):
+class Settings(RedactedRepr, BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SIRA_", env_nested_delimiter="__", extra="ignore"
     )

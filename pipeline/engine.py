@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
 from importlib.abc import Traversable
+from itertools import islice
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr
 
-from pipeline.config import EngineKind, EngineSettings, IndexSettings, Settings
+from pipeline.config import EngineKind, EngineSettings, IndexSettings, Settings, redact_url
 
 RETRY_ON_STATUS = (429, 502, 503, 504)
 
@@ -56,22 +56,17 @@ def load_mapping_file(name: str) -> dict:
     return json.loads(mappings_dir().joinpath(name).read_text("utf-8"))
 
 
-def redact_url(url: str) -> str:
-    """The URL without any user:password part, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-
-
 @dataclass
 class ItemFailure:
     id: str
     status: int
     reason: str
+    where: str | None = None  # file:line of the input it came from, when known
+
+    def __str__(self) -> str:
+        shown = self.id if len(self.id) <= 80 else f"{self.id[:60]}... ({len(self.id)} chars)"
+        where = f"{self.where}: " if self.where else ""
+        return f"{where}document {shown}: rejected by the engine ({self.status}): {self.reason}"
 
 
 @dataclass
@@ -101,6 +96,14 @@ class Capabilities:
         return self.analysis != "english-nostem"
 
 
+def _exception_reason(exc: Any) -> str:
+    """The engine's own reason for a refused request (its error type and reason)."""
+    body = getattr(exc, "info", None) if not hasattr(exc, "body") else exc.body
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return _failure_reason(body["error"])
+    return str(exc)[:500]
+
+
 def _failure_reason(error: Any) -> str:
     if isinstance(error, dict):
         reason = f"{error.get('type', 'error')}: {error.get('reason', '')}".strip()
@@ -127,6 +130,8 @@ class Engine:
         auth: dict[str, Any] = {}
         headers: dict[str, str] = {}
         password, api_key = _secret(engine.password), _secret(engine.api_key)
+        if password and api_key:
+            raise EngineUnavailable("set SIRA_ENGINE__PASSWORD or SIRA_ENGINE__API_KEY, not both")
         tls: dict[str, Any] = {"verify_certs": engine.verify_certs}
         if engine.ca_file:
             tls["ca_certs"] = str(engine.ca_file)
@@ -174,6 +179,11 @@ class Engine:
                 "no engine configured: set SIRA_ENGINE__URL (and SIRA_ENGINE__KIND), "
                 f"or start a local one with `sira engine start --name {local_name}`"
             )
+        if not servers.is_running(record):
+            raise EngineUnavailable(
+                f"the local engine '{local_name}' recorded at {record.url} is not running "
+                f"(process {record.pid} is gone): start it with `sira engine start --name "
+                f"{local_name}`")
         local = settings.engine.model_copy(
             update={"kind": record.kind, "url": record.url, "username": record.username,
                     "password": SecretStr(record.password) if record.password else None,
@@ -232,7 +242,12 @@ class Engine:
             if not recreate:
                 return False
             self.delete_index(index.name)
-        self.client.indices.create(index=index.name, body=self.index_body(index))
+        try:
+            self.client.indices.create(index=index.name, body=self.index_body(index))
+        except Exception as exc:  # another job or writer created it a moment ago: fine
+            if "resource_already_exists_exception" not in str(exc):
+                raise
+            return False
         self.client.cluster.health(index=index.name, wait_for_status="yellow")
         return True
 
@@ -286,21 +301,45 @@ class Engine:
 
     def _bulk(self, actions: Iterable[dict], chunk_size: int) -> BulkResult:
         result = BulkResult()
-        for ok, item in self._helpers().streaming_bulk(
-            self.client, actions, chunk_size=chunk_size, max_retries=3,
+        it = iter(actions)
+        while chunk := list(islice(it, chunk_size)):
+            self._bulk_chunk(chunk, result)
+        return result
+
+    def _bulk_chunk(self, chunk: list[dict], result: BulkResult) -> None:
+        """One bulk request; per-item failures are recorded. A request the engine refuses as
+        a whole for what it carries (4xx: an over-long id, too large a body) is split in
+        halves until only the bad items fail, so that one bad document loses only itself."""
+        whole: Any = None
+        failures: list[ItemFailure] = []
+        ok = 0
+        requests = [{k: v for k, v in action.items() if k != "_where"} for action in chunk]
+        for success, item in self._helpers().streaming_bulk(
+            self.client, requests, chunk_size=len(chunk), max_retries=3,
             initial_backoff=1, raise_on_error=False, raise_on_exception=False,
         ):
-            if ok:
-                result.ok += 1
+            if success:
+                ok += 1
                 continue
             _op, detail = next(iter(item.items()))
-            result.failures.append(
-                ItemFailure(
-                    id=str(detail.get("_id")), status=int(detail.get("status", 0) or 0),
-                    reason=_failure_reason(detail.get("error", detail.get("exception"))),
-                )
-            )
-        return result
+            if "exception" in detail:  # the request as a whole failed
+                whole = detail["exception"]
+            failures.append(ItemFailure(
+                id=str(detail.get("_id")), status=int(detail.get("status", 0) or 0),
+                reason=_failure_reason(detail.get("error")) if whole is None
+                else _exception_reason(whole)))
+        status = _status(whole) if whole is not None else None
+        if whole is not None and len(chunk) > 1 and status is not None and 400 <= status < 500 \
+                and status != 429:
+            half = len(chunk) // 2
+            self._bulk_chunk(chunk[:half], result)
+            self._bulk_chunk(chunk[half:], result)
+            return
+        where = {str(a.get("_id")): a.get("_where") for a in chunk}
+        for failure in failures:
+            failure.where = where.get(failure.id)
+        result.ok += ok
+        result.failures.extend(failures)
 
     def bulk_index(
         self, index: str, docs: Iterable[dict], *, chunk_size: int = 500
@@ -312,7 +351,7 @@ class Engine:
             for doc in docs:
                 source = {k: v for k, v in doc.items() if k != "_id"}
                 yield {"_op_type": "index", "_index": index, "_id": doc["_id"],
-                       "_source": source}
+                       "_source": source, "_where": doc.get("source_path")}  # for messages
 
         return self._bulk(actions(), chunk_size)
 
@@ -325,6 +364,18 @@ class Engine:
             for doc_id, fields in updates
         )
         return self._bulk(actions, chunk_size)
+
+    PROBE_ID = "sira-write-probe"
+
+    def write_refused(self, index: str) -> str | None:
+        """The engine's reason if it refuses writes to ``index`` now (a write block, a full
+        disk), else None. It asks for a partial update of a document that does not exist: the
+        engine checks its blocks first, so nothing is ever written."""
+        result = self.bulk_update(index, [(self.PROBE_ID, {})])
+        failure = result.failures[0] if result.failures else None
+        if failure is None or failure.status == 404:  # document_missing_exception: writable
+            return None
+        return failure.reason
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -439,6 +490,39 @@ class Engine:
         return dict(
             self.client.search_template(index=index, body={"id": template_id, "params": params})
         )
+
+
+def describe_error(exc: BaseException, url: str | None = None) -> str | None:
+    """One line for an error the engine or the way to it caused (unreachable, credentials
+    refused, no such index, a query over the clause limit, any refused request), naming the
+    engine by its URL (never with credentials); None if ``exc`` is not such an error."""
+    import elastic_transport
+    import elasticsearch
+    import opensearchpy
+
+    where = f" at {redact_url(url)}" if url else ""
+    unreachable = (opensearchpy.ConnectionError, opensearchpy.ConnectionTimeout,
+                   elastic_transport.ConnectionError, elastic_transport.ConnectionTimeout)
+    if isinstance(exc, unreachable):
+        detail = str(getattr(exc, "info", None) or exc).splitlines()[0][:200]
+        return f"cannot reach the engine{where}: {detail}"
+    if not isinstance(exc, opensearchpy.TransportError | elasticsearch.ApiError):
+        return None
+    status = _status(exc)
+    reason = _exception_reason(exc)
+    if status == 401:
+        return (f"the engine{where} refused the credentials (401): check "
+                "SIRA_ENGINE__USERNAME / SIRA_ENGINE__PASSWORD or SIRA_ENGINE__API_KEY")
+    if status == 403:
+        return f"the engine{where} does not allow this (403): {reason}"
+    if "index_not_found_exception" in reason:
+        missing = getattr(exc, "info", None) or getattr(exc, "body", None) or {}
+        name = (missing.get("error") or {}).get("index") if isinstance(missing, dict) else None
+        return f"no such index: {name or reason} (load one with `sira index`)"
+    if "too_many_clauses" in reason or "maxClauseCount" in reason:
+        return ("the query has more terms than the engine's clause limit "
+                f"(indices.query.bool.max_clause_count): shorten it ({reason[:200]})")
+    return f"the engine{where} refused the request ({status}): {reason[:500]}"
 
 
 def _secret(value: SecretStr | str | None) -> str | None:

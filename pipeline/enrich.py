@@ -51,20 +51,29 @@ def _batched(items: Iterable, size: int) -> Iterator[list]:
 # -- storing proposals (shared by the model path and import-proposals) ----------------------
 
 
+def job_share(source: dict, job: str | None, name: str) -> int:
+    """What a document has already counted for ``job`` (model calls or ms): the job marks
+    its documents with zero, so a later write adds to the figure instead of replacing it."""
+    sira = source.get("sira", {})
+    return int(sira.get(name) or 0) if sira.get("job") == job else 0
+
+
 def store_proposals(engine: Engine, index: str, proposals: dict[str, list[str]],
                     sources: dict[str, dict], *, model: str, prompt_version: str,
                     stance: str, job: str | None = None,
                     calls: dict[str, int] | None = None, model_ms: int = 0) -> BulkResult:
-    """``calls``: model requests per document; ``model_ms``: each document's share of the
-    time its batch waited for the model (the job sums them to tell model time apart)."""
-    """Normalise and classify ``proposals`` against their documents and write them."""
+    """Normalise and classify ``proposals`` against their documents and write them.
+    ``calls``: model requests per document, added to what the document already counted for
+    ``job``; ``model_ms``: each document's share of the time its batch waited for the model
+    (the job sums them to tell model time apart)."""
     bodies = {i: document_body(sources[i].get("title", ""), sources[i].get("text", ""))
               for i in proposals}
     prepared = terms.prepare(engine, index, proposals, bodies)
     at = now_iso()
     updates = []
     for doc_id, doc_terms in prepared.items():
-        sira = sources[doc_id].get("sira", {})
+        source = sources[doc_id]
+        sira = source.get("sira", {})
         updates.append((doc_id, {
             "sira_proposals": {"model": model, "prompt_version": prompt_version,
                                "stance": stance, "at": at, "raw": proposals[doc_id],
@@ -74,7 +83,8 @@ def store_proposals(engine: Engine, index: str, proposals: dict[str, list[str]],
                      "prompt_version": prompt_version,
                      "proposed_hash": sira.get("content_hash"), "proposed_at": at,
                      "attempts": int(sira.get("attempts") or 0) + 1, "job": job,
-                     "calls": (calls or {}).get(doc_id, 0), "model_ms": model_ms},
+                     "calls": job_share(source, job, "calls") + (calls or {}).get(doc_id, 0),
+                     "model_ms": job_share(source, job, "model_ms") + model_ms},
         }))
     return engine.bulk_update(index, updates)
 
@@ -82,12 +92,33 @@ def store_proposals(engine: Engine, index: str, proposals: dict[str, list[str]],
 def record_failures(engine: Engine, index: str, reasons: dict[str, str],
                     sources: dict[str, dict], *, job: str | None = None,
                     calls: dict[str, int] | None = None, model_ms: int = 0) -> BulkResult:
-    updates = [(doc_id, {"sira": {
-        "status": FAILED, "reason": reason[:2000],
-        "attempts": int(sources.get(doc_id, {}).get("sira", {}).get("attempts") or 0) + 1,
-        "job": job, "calls": (calls or {}).get(doc_id, 0), "model_ms": model_ms,
-    }}) for doc_id, reason in reasons.items()]
+    updates = []
+    for doc_id, reason in reasons.items():
+        source = sources.get(doc_id, {})
+        updates.append((doc_id, {"sira": {
+            "status": FAILED, "reason": reason[:2000],
+            "attempts": int(source.get("sira", {}).get("attempts") or 0) + 1, "job": job,
+            "calls": job_share(source, job, "calls") + (calls or {}).get(doc_id, 0),
+            "model_ms": job_share(source, job, "model_ms") + model_ms,
+        }}))
     return engine.bulk_update(index, updates)
+
+
+def claim(engine: Engine, index: str, ids: list[str], sources: dict[str, dict],
+          first_requests: list[int], job: str | None) -> tuple[list[str], BulkResult]:
+    """Before the model is called: count each document's first request(s) on it, so that
+    a worker killed mid-batch leaves its calls counted, and find out whether the engine takes
+    writes at all. Returns the documents to send (those whose claim was written)."""
+    updates = [(i, {"sira": {"calls": job_share(sources[i], job, "calls") + n}})
+               for i, n in zip(ids, first_requests, strict=True)]
+    result = engine.bulk_update(index, updates)
+    refused = {f.id for f in result.failures}
+    for i, n in zip(ids, first_requests, strict=True):
+        sira = sources[i].setdefault("sira", {})
+        if i not in refused:
+            sira["calls"] = job_share(sources[i], job, "calls") + n
+            sira["job"] = job
+    return [i for i in ids if i not in refused], result
 
 
 # -- propose -------------------------------------------------------------------------------
@@ -125,6 +156,13 @@ def propose(engine: Engine, settings: Settings, client: ModelClient, *,
         sources = {doc_id: source for doc_id, source in batch}
         todo = [doc_id for doc_id, source in batch if needs_proposals(source, prompt.version)]
         summary.unchanged += len(batch) - len(todo)
+        # the first request of each document is counted before it is sent; the answers
+        # then add what came on top (retries, splits)
+        first = client.first_requests(len(todo))
+        todo, claimed = claim(engine, index, todo, sources, first, job)
+        summary.rejected += claimed.failures  # not sent: it could not have been stored
+        summary.considered -= claimed.failed
+        first = client.first_requests(len(todo))
         started = time.monotonic()
         answers = client.keywords(prompt, [
             (i, document_body(sources[i].get("title", ""), sources[i].get("text", "")))
@@ -133,7 +171,7 @@ def propose(engine: Engine, settings: Settings, client: ModelClient, *,
         summary.model_calls += sum(a.calls for a in answers)
         good = {a.key: a.keywords for a in answers if a.ok}
         bad = {a.key: a.reason or "unknown failure" for a in answers if not a.ok}
-        calls = {a.key: a.calls for a in answers}
+        calls = {a.key: a.calls - n for a, n in zip(answers, first, strict=True)}
         written = store_proposals(engine, index, good, sources, model=client.model,
                                   prompt_version=prompt.version, stance=prompt.stance,
                                   job=job, calls=calls, model_ms=model_ms)

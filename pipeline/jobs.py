@@ -3,6 +3,8 @@ every skipped input and every rejected item counted and reported."""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import uuid
 from collections import Counter
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import enrich, worker
 from pipeline.config import Settings
-from pipeline.engine import BulkResult, Engine
+from pipeline.engine import TRANSIENT_ERRORS, BulkResult, Engine, ItemFailure
 from pipeline.loaders import CorpusError, Document, LoadReport, iter_corpus
 
 if TYPE_CHECKING:
@@ -84,10 +86,12 @@ class JobSummary:
     model_calls: int = 0
     model_s: float = 0.0  # time batches waited for the model, summed over all workers
     requeued: int = 0
+    taken_over: int = 0  # sent by this job, then queued again by another one
+    left_to_others: int = 0  # queued by another running job: left to it
     wall_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
     load: LoadReport = field(default_factory=LoadReport)
-    rejected: list = field(default_factory=list)
+    rejected: list[ItemFailure] = field(default_factory=list)
     merged: dict[str, int] | None = None  # segments and deleted copies after a force merge
 
     def line(self) -> str:
@@ -95,7 +99,11 @@ class JobSummary:
         return (f"job {self.job}: {self.documents} documents ({self.new} new, {self.changed} "
                 f"changed, {self.unchanged} unchanged, {self.skipped_input} bad inputs "
                 f"skipped); {self.sent} sent to the model: {self.proposed} proposed, "
-                f"{self.failed} failed (top reasons: {reasons}); {self.enriched} enriched; "
+                f"{self.failed} failed (top reasons: {reasons})"
+                + (f", {self.taken_over} taken over by another job" if self.taken_over else "")
+                + (f"; {self.left_to_others} left to another running job"
+                   if self.left_to_others else "")
+                + f"; {len(self.rejected)} rejected by the engine; {self.enriched} enriched; "
                 f"{self.model_calls} model calls; {self.wall_s:.1f}s ("
                 + ", ".join(f"{k} {v:.1f}s" for k, v in self.phases.items()) + ")"
                 + (f"; {merge_line(self.merged)}" if self.merged else ""))
@@ -127,7 +135,8 @@ def source_documents(engine: Engine, source: str, report: LoadReport,
 
 
 def copy_documents(engine: Engine, settings: Settings, docs: Iterable[Document],
-                   summary: JobSummary, batch: int = 500) -> None:
+                   summary: JobSummary, batch: int = 500,
+                   beat: Callable[[], None] | None = None) -> None:
     """Write new and changed documents (by content hash), already queued for this job; leave
     unchanged ones, with their proposals and enrichment, alone."""
     index = settings.index.name
@@ -150,21 +159,73 @@ def copy_documents(engine: Engine, settings: Settings, docs: Iterable[Document],
         result = engine.bulk_index(index, fresh)
         summary.rejected += result.failures
         summary.documents += len(chunk)
+        if beat:
+            beat()
 
 
-def documents_to_send(engine: Engine, settings: Settings, prompt_version: str
-                      ) -> list[tuple[str, str | None]]:
+def documents_to_send(engine: Engine, settings: Settings, prompt_version: str,
+                      live_jobs: set[str] = frozenset()
+                      ) -> tuple[list[tuple[str, str | None]], int]:
     """(id, job) of pending, changed, or failed-and-retryable documents (not yet at max
-    attempts)."""
-    out = []
+    attempts), and how many are left alone because another running job has them queued."""
+    out, left = [], 0
     for hit in engine.scan(settings.index.name, source=["sira"]):
         sira = hit["_source"].get("sira", {})
         if sira.get("status") == "failed" and \
                 int(sira.get("attempts") or 0) >= settings.worker.max_doc_attempts:
             continue
+        if sira.get("status") == QUEUED and sira.get("job") in live_jobs:
+            left += 1
+            continue
         if enrich.needs_proposals(hit["_source"], prompt_version):
             out.append((hit["_id"], sira.get("job")))
-    return out
+    return out, left
+
+
+# -- running jobs, seen by each other through the index's _meta ------------------------------
+
+JOBS_META = "sira_jobs"
+HEARTBEAT_S = 15.0  # a running job writes its heartbeat this often
+JOB_GONE_S = 120.0  # and counts as gone when it has not for this long
+PROBE_S = 10.0  # how often a waiting job checks that the engine still takes writes
+
+
+def live_jobs(engine: Engine, index: str, *, but: str) -> set[str]:
+    beats = engine.get_meta(index).get(JOBS_META) or {}
+    now = time.time()
+    return {job for job, beat in beats.items()
+            if job != but and now - float(beat.get("at", 0)) < JOB_GONE_S}
+
+
+class Heartbeat:
+    """A running job's entry in the index's ``_meta``, written at most every HEARTBEAT_S:
+    another job leaves the documents a live job has queued alone. Entries of jobs gone for a
+    day are dropped."""
+
+    def __init__(self, engine: Engine, index: str, job: str) -> None:
+        self.engine, self.index, self.job = engine, index, job
+        self.last = 0.0
+
+    def __call__(self, *, done: bool = False) -> None:
+        now = time.time()
+        if not done and now - self.last < HEARTBEAT_S:
+            return
+        try:
+            beats = dict(self.engine.get_meta(self.index).get(JOBS_META) or {})
+            beats = {j: b for j, b in beats.items() if now - float(b.get("at", 0)) < 86400}
+            if done:
+                beats.pop(self.job, None)
+            else:
+                beats[self.job] = {"at": now, "host": socket.gethostname(), "pid": os.getpid()}
+            self.engine.put_meta(self.index, {JOBS_META: beats})
+        except TRANSIENT_ERRORS:
+            return  # the wait loop notices an unreachable engine on its own
+        except Exception as exc:
+            if done:
+                return  # the entry expires by itself
+            raise JobFailed(f"the engine refuses to record the job in {self.index}'s _meta: "
+                            f"{exc}") from exc
+        self.last = now
 
 
 def status_counts(engine: Engine, index: str, job: str | None = None) -> Counter[str]:
@@ -208,35 +269,30 @@ def reindex(
     index = settings.index.name
     app = app or worker.make_app(settings)
     engine.create_index(settings.index)
-    if source:
-        copy_documents(engine, settings, source_documents(engine, source, summary.load,
-                                                          settings), summary)
-        summary.skipped_input = summary.load.skipped
-    else:
-        summary.documents = engine.count(index)
-    engine.refresh(index)
-    phase("copy")
-
-    todo = documents_to_send(engine, settings, enrich.prompt_for(settings).version)
-    summary.sent = len(todo)
-    if todo:
-        # documents copied now are queued for this job already; older ones are marked
-        stale = [i for i, job_of in todo if job_of != job]
-        mark = engine.bulk_update(index, [(i, {"sira": {"status": QUEUED, "job": job}})
-                                          for i in stale])
-        summary.rejected += mark.failures
+    beat = Heartbeat(engine, index, job)
+    try:
+        beat()
+        if source:
+            copy_documents(engine, settings, source_documents(engine, source, summary.load,
+                                                              settings), summary, beat=beat)
+            summary.skipped_input = summary.load.skipped
+        else:
+            summary.documents = engine.count(index)
         engine.refresh(index)
-        todo = [i for i, _ in todo]
-        _enqueue(app, index, todo, job, settings.enrich.batch_docs)
-        phase("queue")
-        _wait(engine, settings, app, job, len(todo), summary, on_progress, poll, timeout)
-        phase("propose")
-
-    counts = status_counts(engine, index, job)
-    summary.proposed = counts["proposed"]
-    summary.failed = counts["failed"]
-    if counts[QUEUED]:
-        raise JobFailed(f"{counts[QUEUED]} documents are still queued: not applying")
+        phase("copy")
+        _check_writable(engine, index, "before sending any document")
+        todo, summary.left_to_others = documents_to_send(
+            engine, settings, enrich.prompt_for(settings).version,
+            live_jobs(engine, index, but=job))
+        if todo:
+            _send_and_wait(engine, settings, app, job, todo, summary, on_progress, poll,
+                           timeout, phase, beat)
+        counts = status_counts(engine, index, job)
+    finally:
+        beat(done=True)
+    summary.proposed = counts[enrich.PROPOSED] + counts[enrich.ENRICHED]
+    summary.failed = counts[enrich.FAILED]
+    summary.taken_over = max(0, summary.sent - summary.proposed - summary.failed)
     sums = engine.aggregate(index, {"c": {"sum": {"field": "sira.calls"}},
                                     "m": {"sum": {"field": "sira.model_ms"}}},
                             query={"term": {"sira.job": job}})
@@ -257,16 +313,54 @@ def reindex(
     return summary
 
 
+def _check_writable(engine: Engine, index: str, when: str, queued: int | None = None) -> None:
+    """End the job, naming the engine's reason, if the index refuses writes: documents
+    the workers cannot store would otherwise be queued and sent to the model again and
+    again."""
+    reason = engine.write_refused(index)
+    if reason is None:
+        return
+    left = "" if queued is None else (f"; {queued} documents could not be written and stay "
+                                      "queued: the next run sends them again")
+    raise JobFailed(f"the engine refuses writes to {index} ({when}): {reason}{left}")
+
+
+def _send_and_wait(engine: Engine, settings: Settings, app: Celery, job: str,
+                   todo: list[tuple[str, str | None]], summary: JobSummary,
+                   on_progress: Callable[[int, int], None] | None, poll: float,
+                   timeout: float | None, phase: Callable[[str], None], beat: Heartbeat
+                   ) -> None:
+    index = settings.index.name
+    # documents copied now are queued for this job already; older ones are marked, with
+    # their model calls for this job at zero. Only documents whose mark was written are sent.
+    stale = [i for i, job_of in todo if job_of != job]
+    mark = engine.bulk_update(index, [(i, {"sira": {"status": QUEUED, "job": job, "calls": 0,
+                                                    "model_ms": 0}}) for i in stale])
+    summary.rejected += mark.failures
+    unmarked = {f.id for f in mark.failures}
+    ids = [i for i, _ in todo if i not in unmarked]
+    summary.sent = len(ids)
+    engine.refresh(index)
+    _enqueue(app, index, ids, job, settings.enrich.batch_docs)
+    phase("queue")
+    _wait(engine, settings, app, job, len(ids), summary, on_progress, poll, timeout, beat)
+    phase("propose")
+
+
 def _wait(engine: Engine, settings: Settings, app: Celery, job: str, total: int,
           summary: JobSummary, on_progress: Callable[[int, int], None] | None, poll: float,
-          timeout: float | None) -> None:
+          timeout: float | None, beat: Heartbeat) -> None:
     """Until no document of this job is queued. Documents queued with no progress for
-    ``requeue_after`` seconds (a lost message, a broker restart) are queued again: tasks are
-    idempotent, so a late duplicate costs no model call."""
+    ``requeue_after`` seconds (a lost message, a broker restart) are queued again, at most
+    ``max_requeues`` times: tasks are idempotent, so a late duplicate costs no model call.
+    Every PROBE_S the job asks the engine whether it still takes writes: workers cannot store
+    what they propose into an index that refuses them."""
     index = settings.index.name
     deadline = None if timeout is None else time.monotonic() + timeout
     last_left, last_change = total, time.monotonic()
+    last_probe = time.monotonic()
     broker_down_since: float | None = None
+    requeues = 0
     while True:
         engine.refresh(index)
         left = status_counts(engine, index, job)[QUEUED]
@@ -274,15 +368,25 @@ def _wait(engine: Engine, settings: Settings, app: Celery, job: str, total: int,
             on_progress(total - left, total)
         if left == 0:
             return
+        beat()
         now = time.monotonic()
+        if now - last_probe > PROBE_S:
+            _check_writable(engine, index, "while the workers proposed", queued=left)
+            last_probe = now
         if left != last_left:
             last_left, last_change = left, now
         elif now - last_change > settings.worker.requeue_after:
+            _check_writable(engine, index, "while the workers proposed", queued=left)
+            if requeues >= settings.worker.max_requeues:
+                raise JobFailed(f"{left} of {total} documents still queued after "
+                                f"{requeues} requeues with no progress: are workers "
+                                f"consuming queue '{settings.worker.queue}'? (see their logs)")
             stalled = [h["_id"] for h in engine.scan(index, {"bool": {"filter": [
                 {"term": {"sira.job": job}}, {"term": {"sira.status": QUEUED}}]}}, source=False)]
             try:
                 _enqueue(app, index, stalled, job, settings.enrich.batch_docs)
                 summary.requeued += len(stalled)
+                requeues += 1
                 broker_down_since = None
             except Exception as exc:  # the broker is unreachable: wait for it, not forever
                 broker_down_since = broker_down_since or now

@@ -179,27 +179,40 @@ class ModelClient:
     async def _batch(self, http: httpx.AsyncClient, gate: asyncio.Semaphore, prompt: Prompt,
                      items: list[tuple[str, str]]) -> list[Answer]:
         """Completions mode: one request for many prompts. Inputs whose answer is not JSON get
-        the stricter retry alone; a request refused outright (4xx) is split up so that one bad
-        input cannot fail its neighbours."""
+        the stricter retry alone; a request that fails (refused, or still failing or too slow
+        after its retries) is split into one request per input, so that one bad or slow
+        prompt cannot fail its neighbours."""
         calls = [0]
         path, payload = self._payload(prompt, [body for _, body in items], strict=False)
+        failure: Exception | None = None
         async with gate:
             try:
                 data = await self._post(http, path, payload, calls)
             except Exception as exc:
-                if len(items) > 1 and not is_transient(exc):
-                    return [await self._one(http, gate, prompt, k, b) for k, b in items]
-                failed = [Answer(key, None, describe(exc)) for key, _ in items]
-                failed[0].calls = calls[0]
-                return failed
-        answers = []
-        for (key, body), choice in zip(items, self._choices(data, len(items)), strict=True):
-            try:
-                answers.append(Answer(key, parse_keywords(*choice)))
-            except BadAnswer:
-                answers.append(await self._one(http, gate, prompt, key, body, strict_only=True))
+                failure = exc
+        if failure is not None:
+            if len(items) == 1:
+                return [Answer(items[0][0], None, describe(failure), calls[0])]
+            answers = list(await asyncio.gather(
+                *[self._one(http, gate, prompt, key, body) for key, body in items]))
+        else:
+            answers = []
+            for (key, body), choice in zip(items, self._choices(data, len(items)), strict=True):
+                try:
+                    answers.append(Answer(key, parse_keywords(*choice)))
+                except BadAnswer:
+                    answers.append(await self._one(http, gate, prompt, key, body,
+                                                   strict_only=True))
         answers[0].calls += calls[0]  # the shared request(s) are counted once, on the first
         return answers
+
+    def first_requests(self, count: int) -> list[int]:
+        """How many requests ``keywords`` sends first for each of ``count`` inputs (before
+        any retry), counted as the answers count them: one each in chat mode; in completions
+        mode one per group of ``completions_batch``, on the group's first input."""
+        if self.settings.mode == "chat":
+            return [1] * count
+        return [1 if i % self.settings.completions_batch == 0 else 0 for i in range(count)]
 
     async def _run(self, prompt: Prompt, items: list[tuple[str, str]]) -> list[Answer]:
         gate = asyncio.Semaphore(self.settings.concurrency)

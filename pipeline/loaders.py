@@ -113,7 +113,13 @@ def _jsonable(value: Any) -> Any:
 def iter_jsonl_objects(path: Path, report: LoadReport) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each usable line; bad lines are recorded in ``report``."""
     with open(path, "rb") as fh:
+        if fh.read(64).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
+            raise CorpusError(f"{path}: a JSON array, not JSON Lines: write one JSON object per "
+                              f"line (for example: jq -c '.[]' {path})")
+        fh.seek(0)
         for lineno, raw in enumerate(fh, start=1):
+            if lineno == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark
             if not raw.strip():
                 continue
             try:
@@ -140,7 +146,7 @@ def iter_jsonl(path: Path, report: LoadReport, max_doc_bytes: int) -> Iterator[D
         if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
             report.skip(path, lineno, None, 'missing "_id"')
             continue
-        if not isinstance(raw_id, str | int):
+        if isinstance(raw_id, bool) or not isinstance(raw_id, str | int):
             report.skip(path, lineno, None, f'"_id" must be a string, got {type(raw_id).__name__}')
             continue
         doc_id = str(raw_id)
@@ -212,6 +218,9 @@ def load_qrels(path: Path, report: LoadReport | None = None) -> dict[str, dict[s
 def beir_split(folder: Path, split: str) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
     """Queries and qrels of one split (``qrels/<split>.tsv``); only judged queries."""
     qrels_file = folder / "qrels" / f"{split}.tsv"
+    if not (folder / "queries.jsonl").is_file():
+        raise CorpusError(f"{folder}: no queries.jsonl (a BEIR folder has corpus.jsonl, "
+                          "queries.jsonl and qrels/<split>.tsv)")
     if not qrels_file.is_file():
         available = sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
         raise CorpusError(f"{folder}: no qrels for split '{split}' (have: {available})")
@@ -233,6 +242,18 @@ def _markdown_text(body: str) -> str:
     return WIKILINK.sub(words, body)
 
 
+def _front_matter_kind(content: str) -> str | None:
+    """What a note's front matter holds when it is not a mapping (python-frontmatter then
+    silently gives no metadata), e.g. "a list"; None when it is a mapping or absent."""
+    handler = frontmatter.YAMLHandler()
+    if not handler.detect(content):
+        return None
+    data = yaml.safe_load(handler.split(content)[0])
+    if data is None or isinstance(data, dict):
+        return None
+    return "a list" if isinstance(data, list) else f"a {type(data).__name__}"
+
+
 def iter_markdown(folder: Path, report: LoadReport, max_doc_bytes: int) -> Iterator[Document]:
     """One document per ``*.md`` file: id = path relative to ``folder``; YAML front matter
     becomes fields (``title``) and meta; title falls back to the first heading, then the
@@ -241,7 +262,7 @@ def iter_markdown(folder: Path, report: LoadReport, max_doc_bytes: int) -> Itera
         doc_id = path.relative_to(folder).as_posix()
         data = path.read_bytes()
         try:
-            content = data.decode("utf-8")
+            content = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
             report.skip(path, _first_bad_utf8_line(data, exc), doc_id,
                         f"invalid UTF-8 at byte {exc.start}")
@@ -252,6 +273,9 @@ def iter_markdown(folder: Path, report: LoadReport, max_doc_bytes: int) -> Itera
             mark = getattr(exc, "problem_mark", None)
             line = mark.line + 2 if mark is not None else 1  # +1 for the opening ---
             report.skip(path, line, doc_id, f"broken YAML front matter: {exc}")
+            continue
+        if not post.metadata and (kind := _front_matter_kind(content)):
+            report.skip(path, 2, doc_id, f"YAML front matter must be key: value pairs, got {kind}")
             continue
         meta = _jsonable(dict(post.metadata))
         title = str(meta.pop("title", "") or "")

@@ -12,6 +12,23 @@ from pathlib import Path
 
 from pipeline.config import Settings
 
+PARENT_ENV = "SIRA_LOCAL_WORKER_PARENT"  # set for the workers this module starts
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In a local worker: ask the kernel for SIGTERM (a warm shutdown: the batch in hand is
+    finished and written) when the process that started it dies, even by ``kill -9``;
+    without it the workers would live on under PID 1 and keep consuming the queue."""
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != int(parent):  # it died before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)
+
 
 class LocalWorkers:
     def __init__(self, settings: Settings, count: int, concurrency: int = 1):
@@ -23,7 +40,7 @@ class LocalWorkers:
 
     def __enter__(self) -> LocalWorkers:
         self.logs.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.settings.to_env()}
+        env = {**os.environ, **self.settings.to_env(), PARENT_ENV: str(os.getpid())}
         for i in range(self.count):
             log = open(self.logs / f"worker-{i}.log", "ab")  # noqa: SIM115 (kept by Popen)
             self.procs.append(subprocess.Popen(

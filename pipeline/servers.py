@@ -273,14 +273,45 @@ def free_port_range(count: int, low: int | None = None, high: int | None = None)
     raise EngineError(f"no {count} consecutive free ports found on 127.0.0.1")
 
 
-def health(record: ServerRecord, timeout: float = 5.0) -> dict:
+def _get(record: ServerRecord, path: str, timeout: float) -> dict:
     auth = (record.username, record.password) if record.username and record.password else None
     response = httpx.get(
-        f"{record.url}/_cluster/health", auth=auth, timeout=timeout,
+        f"{record.url}{path}", auth=auth, timeout=timeout,
         verify=ssl.create_default_context(cafile=record.ca_file) if record.ca_file else True,
     )
     response.raise_for_status()
     return response.json()
+
+
+def health(record: ServerRecord, timeout: float = 5.0) -> dict:
+    return _get(record, "/_cluster/health", timeout)
+
+
+def _session_of(pid: int) -> int | None:
+    try:  # /proc/PID/stat: pid (comm) state ppid pgrp session ...
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def answering_process(record: ServerRecord, timeout: float = 5.0) -> int | None:
+    """The process id of the node that answers on the record's URL."""
+    nodes = _get(record, "/_nodes/_local/process", timeout).get("nodes") or {}
+    for node in nodes.values():
+        pid = (node.get("process") or {}).get("id")
+        if isinstance(pid, int):
+            return pid
+    return None
+
+
+def is_ours(record: ServerRecord, pid: int | None) -> bool:
+    """Whether ``pid`` is the engine this record started: its own process, or one in the
+    session it leads (Elasticsearch's launcher starts the server JVM as a child)."""
+    return pid is not None and (pid == record.pid or _session_of(pid) == record.pid)
+
+
+class ForeignServer(EngineError):
+    """Another server answers on the port a local engine was to use."""
 
 
 def _wait_healthy(record: ServerRecord, timeout: float) -> dict:
@@ -295,9 +326,14 @@ def _wait_healthy(record: ServerRecord, timeout: float) -> dict:
         try:
             state = health(record, timeout=2.0)
             if state.get("number_of_nodes", 0) >= record.nodes and state["status"] != "red":
+                answering = answering_process(record, timeout=2.0)
+                if not is_ours(record, answering):
+                    raise ForeignServer(
+                        f"another server answers on {record.url} (process {answering}), not "
+                        f"{record.kind} '{record.name}' (process {record.pid})")
                 return state
             last_error = f"health: {state.get('status')} with {state.get('number_of_nodes')} nodes"
-        except (httpx.HTTPError, KeyError) as exc:
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
             last_error = str(exc) or type(exc).__name__
         time.sleep(0.5)
     raise EngineError(
@@ -485,12 +521,28 @@ def start(
         raise EngineError("the OpenSearch runner has no security plugin: start it without")
     version = version or DEFAULT_VERSIONS[kind]
     heap_mb = heap_mb or (1024 if nodes == 1 else 512 * nodes)
-    if kind == "opensearch":
+    if kind == "opensearch" and port is not None and \
+            not OPENSEARCH_PORTS[0] <= port <= OPENSEARCH_PORTS[1] - nodes + 1:
         # the runner only hands out HTTP ports up to 9299
-        if port is not None and not OPENSEARCH_PORTS[0] <= port <= OPENSEARCH_PORTS[1] - nodes + 1:
-            raise EngineError(f"the OpenSearch runner needs HTTP ports in {OPENSEARCH_PORTS}")
-        port = port or free_port_range(nodes, *OPENSEARCH_PORTS)
-    port = port or free_port_range(1)
+        raise EngineError(f"the OpenSearch runner needs HTTP ports in {OPENSEARCH_PORTS}")
+    # A port found free may be taken by another process before the engine binds it: then
+    # the engine exits (or another server answers) and a port chosen here is tried again.
+    for attempt in range(1, 4):
+        chosen = port or (free_port_range(nodes, *OPENSEARCH_PORTS) if kind == "opensearch"
+                          else free_port_range(1))
+        try:
+            return _start_on(kind, name, state_dir, chosen, nodes, heap_mb, version, security,
+                             timeout)
+        except EngineError as exc:
+            lost_port = isinstance(exc, ForeignServer) or "BindException" in str(exc) \
+                or "Address already in use" in str(exc)
+            if port is not None or not lost_port or attempt == 3:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_on(kind: EngineKind, name: str, state_dir: Path, port: int, nodes: int,
+              heap_mb: int, version: str, security: bool, timeout: float) -> ServerRecord:
     home = _engine_root(kind, state_dir) / name
     home.mkdir(parents=True, exist_ok=True)
     password = secrets.token_urlsafe(18) if security else None

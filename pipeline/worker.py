@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from celery import Celery
+from celery import Celery, signals
 
 from pipeline import enrich
 from pipeline.config import Settings
@@ -54,6 +54,13 @@ def make_app(settings: Settings) -> Celery:
 
 
 app = make_app(Settings())
+
+
+@signals.worker_init.connect
+def _die_with_parent(**_: object) -> None:
+    from pipeline.localworkers import die_with_parent
+
+    die_with_parent()
 
 
 @cache
