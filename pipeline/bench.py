@@ -36,7 +36,7 @@ from ir_measures import RR, P, R, nDCG
 
 from pipeline import batchfiles, dfstats, enrich, query
 from pipeline.config import Settings
-from pipeline.engine import Engine, mappings_dir
+from pipeline.engine import Engine, SearchRefused, mappings_dir
 from pipeline.jobs import index_corpus
 from pipeline.loaders import CorpusError, beir_split, load_phrasings, load_queries
 
@@ -195,10 +195,11 @@ class Runner:
                 owners.append(qid)
         rankings: dict[str, list[list[query.Hit]]] = {qid: [] for qid in qids}
         for start in range(0, len(bodies), 64):
-            responses = self.engine.msearch(self.index, bodies[start:start + 64])
+            try:
+                responses = self.engine.msearch(self.index, bodies[start:start + 64])
+            except SearchRefused as exc:
+                raise RuntimeError(f"query {owners[start + exc.position]}: {exc}") from exc
             for qid, response in zip(owners[start:start + 64], responses, strict=True):
-                if "error" in response:
-                    raise RuntimeError(f"query {qid} failed: {response['error']}")
                 rankings[qid].append([query.Hit(h["_id"], float(h["_score"]), "", "")
                                       for h in response["hits"]["hits"]])
         run: Run = {}

@@ -43,6 +43,15 @@ class EngineUnavailable(RuntimeError):
     """No engine is configured, or the configured one cannot be reached."""
 
 
+class SearchRefused(RuntimeError):
+    """One search of a multi-search (the one at ``position``) was refused; ``error`` is the
+    engine's error object."""
+
+    def __init__(self, status: int, error: Any, position: int) -> None:
+        super().__init__(f"search refused ({status}): {_failure_reason(error)}")
+        self.status, self.error, self.position = status, error, position
+
+
 def mappings_dir() -> Traversable:
     """``mappings/`` beside the package in a checkout; inside it (``pipeline/mappings``) once
     installed from a wheel."""
@@ -383,10 +392,17 @@ class Engine:
         return dict(self.client.search(index=index, body=body, **params))
 
     def msearch(self, index: str, bodies: list[dict]) -> list[dict]:
+        """The responses of several searches in one request; a search the engine refused
+        raises ``SearchRefused`` with its reason."""
         lines: list[dict] = []
         for body in bodies:
             lines.extend([{"index": index}, body])
-        return list(dict(self.client.msearch(body=lines))["responses"])
+        responses = list(dict(self.client.msearch(body=lines))["responses"])
+        for position, response in enumerate(responses):
+            if "error" in response:
+                raise SearchRefused(int(response.get("status") or 0), response["error"],
+                                    position)
+        return responses
 
     def count(self, index: str, query: dict | None = None) -> int:
         body = {"query": query} if query else None
@@ -506,18 +522,23 @@ def describe_error(exc: BaseException, url: str | None = None) -> str | None:
     if isinstance(exc, unreachable):
         detail = str(getattr(exc, "info", None) or exc).splitlines()[0][:200]
         return f"cannot reach the engine{where}: {detail}"
-    if not isinstance(exc, opensearchpy.TransportError | elasticsearch.ApiError):
+    if isinstance(exc, SearchRefused):
+        status, reason, body = exc.status, _failure_reason(exc.error), {"error": exc.error}
+    elif isinstance(exc, opensearchpy.TransportError | elasticsearch.ApiError):
+        status, reason = _status(exc), _exception_reason(exc)
+        body = getattr(exc, "info", None) if not hasattr(exc, "body") else exc.body
+    else:
         return None
-    status = _status(exc)
-    reason = _exception_reason(exc)
     if status == 401:
         return (f"the engine{where} refused the credentials (401): check "
                 "SIRA_ENGINE__USERNAME / SIRA_ENGINE__PASSWORD or SIRA_ENGINE__API_KEY")
     if status == 403:
         return f"the engine{where} does not allow this (403): {reason}"
     if "index_not_found_exception" in reason:
-        missing = getattr(exc, "info", None) or getattr(exc, "body", None) or {}
-        name = (missing.get("error") or {}).get("index") if isinstance(missing, dict) else None
+        error = body.get("error") if isinstance(body, dict) else None
+        name = error.get("index") if isinstance(error, dict) else None
+        if name is None and isinstance(error, dict):  # a multi-search's error object
+            name = next((c.get("index") for c in error.get("root_cause") or []), None)
         return f"no such index: {name or reason} (load one with `sira index`)"
     if "too_many_clauses" in reason or "maxClauseCount" in reason:
         return ("the query has more terms than the engine's clause limit "

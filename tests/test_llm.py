@@ -39,9 +39,9 @@ def server() -> Iterator[FakeModelServer]:
 
 
 def client(server: FakeModelServer, **overrides: object) -> ModelClient:
-    settings = LLMSettings(url=server.url, model="test-model", read_timeout=0.7,
-                           connect_timeout=1.0, max_attempts=4,
-                           api_key=SecretStr("sk-test-secret"), **overrides)
+    options = dict(url=server.url, model="test-model", read_timeout=0.7, connect_timeout=1.0,
+                   max_attempts=4, api_key=SecretStr("sk-test-secret")) | overrides
+    settings = LLMSettings(**options)
     return ModelClient(settings, backoff=0.01, backoff_max=0.05)
 
 
@@ -110,3 +110,17 @@ def test_one_loop_and_client_for_the_life_of_the_object(server: FakeModelServer)
     model.close()
     time.sleep(0.2)
     assert loops() == before
+
+
+@pytest.mark.parametrize("fault", ["FAULT:500", "FAULT:slow"])
+def test_completions_batch_failure_fails_only_the_bad_prompt(server: FakeModelServer,
+                                                             fault: str) -> None:
+    """One prompt that keeps failing (or is too slow) must not fail its 15 neighbours in the
+    same /v1/completions request; every request is counted on some answer."""
+    model = client(server, mode="completions", completions_batch=16, max_attempts=2)
+    items = [(f"doc {i}", document_body(f"doc {i}", fault if i == 6 else f"text {i}"))
+             for i in range(16)]
+    answers = {a.key: a for a in model.keywords(PROMPT, items)}
+    assert [k for k, a in answers.items() if not a.ok] == ["doc 6"]
+    assert all(a.keywords for k, a in answers.items() if k != "doc 6")
+    assert sum(a.calls for a in answers.values()) == server.requests
