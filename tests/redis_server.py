@@ -12,7 +12,8 @@ import time
 class RedisServer:
     """A throw-away redis-server on loopback, without persistence."""
 
-    def __init__(self) -> None:
+    def __init__(self, password: str | None = None) -> None:
+        self.password = password
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server is not installed (Debian package redis-server)")
         with socket.socket() as sock:
@@ -22,15 +23,20 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--appendonly", "no", *(["--requirepass", self.password] if self.password else [])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(100):
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    if self.password:
+                        s.sendall(f"AUTH {self.password}\r\n".encode())
+                        s.recv(16)
                     s.sendall(b"PING\r\n")
                     if s.recv(16).startswith(b"+PONG"):
                         return

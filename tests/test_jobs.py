@@ -3,6 +3,7 @@ the tests' HTTP model server."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -135,6 +136,9 @@ def test_kill_9_of_a_worker_mid_batch(opensearch: Engine, redis: RedisServer,
             assert all(d["sira"]["status"] == "enriched" for d in docs.values())
             for d in docs.values():  # no duplicated proposals
                 assert len(d["proposed_terms"]) == len(set(d["proposed_terms"]))
+            # every request is counted, the killed batch's too (its first request is counted
+            # before it is sent, so a kill between the two can only over-count)
+            assert 0 <= summary.model_calls - model.requests <= settings.enrich.batch_docs
             twice = [k for k, n in model.calls.items() if n > 1]
             assert len(twice) <= settings.enrich.batch_docs  # at most the lost batch again
             assert max(model.calls.values()) <= 2
@@ -235,3 +239,178 @@ def test_reindex_from_an_existing_index(opensearch: Engine, redis: RedisServer,
         finally:
             opensearch.delete_index(settings.index.name)
             opensearch.delete_index(source.index.name)
+
+
+def block_writes(engine: Engine, index: str, blocked: bool) -> None:
+    engine.client.indices.put_settings(index=index, body={"index.blocks.write": blocked})
+
+
+def wait_for(predicate, seconds: float = 60) -> None:  # noqa: ANN001 (a test helper)
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.2)
+
+
+def proposed_count(engine: Engine, index: str) -> int:
+    if not engine.index_exists(index):
+        return 0
+    engine.refresh(index)
+    counts = status_counts(engine, index)
+    return counts["proposed"] + counts["enriched"]
+
+
+def test_an_over_long_id_in_a_job_loses_only_itself(opensearch: Engine, redis: RedisServer,
+                                                    tmp_path: Path) -> None:
+    with FakeModelServer() as model:
+        settings = make_settings(tmp_path, opensearch, redis, model)
+        corpus = write_corpus(tmp_path / "c.jsonl", 300)
+        lines = corpus.read_text().splitlines()
+        lines[50] = json.dumps({"_id": "x" * 600, "title": "Doc long", "text": "body"})
+        corpus.write_text("\n".join(lines) + "\n")
+        try:
+            summary = run_job(opensearch, settings, corpus, workers=1)
+            assert [(f.id, f.where) for f in summary.rejected] == [("x" * 600, f"{corpus}:51")]
+            assert "validation" in summary.rejected[0].reason
+            assert (summary.sent, summary.proposed, summary.enriched) == (299, 299, 299)
+            assert "1 rejected by the engine" in summary.line()
+            assert opensearch.count(settings.index.name) == 299
+        finally:
+            opensearch.delete_index(settings.index.name)
+
+
+def test_a_write_block_ends_the_job_naming_it(opensearch: Engine, redis: RedisServer,
+                                              tmp_path: Path) -> None:
+    """Refused writes: the job ends by itself, names the engine's reason, and the model is
+    not called again and again for documents that cannot be stored."""
+    with FakeModelServer(delay=0.05) as model:
+        settings = make_settings(tmp_path, opensearch, redis, model, requeue_after=3.0)
+        corpus = write_corpus(tmp_path / "c.jsonl", 600)
+        index = settings.index.name
+        result: dict = {}
+        try:
+            with LocalWorkers(settings, 2):
+                def job() -> None:
+                    try:
+                        result["summary"] = reindex(opensearch, settings, str(corpus),
+                                                    timeout=300)
+                    except JobFailed as exc:
+                        result["failed"] = exc
+
+                thread = threading.Thread(target=job)
+                thread.start()
+                wait_for(lambda: proposed_count(opensearch, index) >= 64)
+                block_writes(opensearch, index, True)
+                blocked_at = time.monotonic()
+                thread.join(120)
+                assert not thread.is_alive(), "the job did not end by itself"
+                ended_after = time.monotonic() - blocked_at
+            assert "summary" not in result, result.get("summary")
+            message = str(result["failed"])
+            assert "cluster_block_exception" in message and "stay queued" in message
+            assert ended_after < 60
+            assert model.requests <= 2 * 600
+            opensearch.refresh(index)
+            counts = status_counts(opensearch, index)
+            assert counts["queued"] > 0 and counts["queued"] + counts["proposed"] == 600
+
+            # before a job: it ends at once, with no model call
+            before = model.requests
+            with pytest.raises(JobFailed, match="cluster_block_exception"):
+                reindex(opensearch, settings, str(corpus), timeout=60)
+            assert model.requests == before
+
+            # unblocked, the next run sends what was left, once, and counts every request
+            block_writes(opensearch, index, False)
+            again = run_job(opensearch, settings, corpus)
+            assert again.enriched == 600 and again.failed == 0
+            assert again.model_calls == model.requests - before == again.sent
+        finally:
+            with contextlib.suppress(Exception):
+                block_writes(opensearch, index, False)
+            opensearch.delete_index(index)
+
+
+def test_two_jobs_on_one_target(opensearch: Engine, redis: RedisServer,
+                                tmp_path: Path) -> None:
+    """The target missing: both jobs create it (neither crashes). The target present: a
+    second job leaves the documents a running job has queued to it, and each job accounts
+    for every document it sent."""
+    with FakeModelServer(delay=0.02) as model:
+        settings = make_settings(tmp_path, opensearch, redis, model)
+        corpus = write_corpus(tmp_path / "c.jsonl", 400)
+        index = settings.index.name
+        results: dict[str, object] = {}
+
+        def job(name: str) -> None:
+            try:
+                results[name] = reindex(opensearch, settings, str(corpus), timeout=240)
+            except Exception as exc:  # noqa: BLE001 (the test reports it)
+                results[name] = exc
+
+        try:
+            with LocalWorkers(settings, 2):
+                threads = [threading.Thread(target=job, args=(n,)) for n in ("a", "b")]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join(300)
+                for summary in results.values():
+                    assert isinstance(summary, JobSummary), summary
+                    assert summary.proposed + summary.failed + summary.taken_over == summary.sent
+                assert opensearch.count(index) == 400
+                assert status_counts(opensearch, index) == {"enriched": 400}
+                assert model.requests <= 2 * 400
+
+                # present: job a is waiting for its documents when job b starts
+                lines = corpus.read_text().splitlines()
+                corpus.write_text("\n".join(line.replace("body of", "new body of")
+                                            for line in lines) + "\n")
+                before = model.requests
+                first = threading.Thread(target=job, args=("a",))
+                first.start()
+                wait_for(lambda: status_counts(opensearch, index)["queued"] >= 200)
+                second = reindex(opensearch, settings, None, timeout=240)
+                first.join(300)
+            a = results["a"]
+            assert isinstance(a, JobSummary), a
+            assert second.sent == 0 and second.left_to_others > 0
+            assert (a.sent, a.proposed, a.taken_over) == (400, 400, 0)
+            assert model.requests - before == 400 == a.model_calls
+            assert status_counts(opensearch, index) == {"enriched": 400}
+        finally:
+            opensearch.delete_index(index)
+
+
+def test_kill_9_of_the_job_takes_its_workers_along(opensearch: Engine, tmp_path: Path) -> None:
+    """`kill -9` of `sira reindex --workers N`: its workers must not live on under PID 1,
+    consuming the queue. The broker's password never appears in the output."""
+    broker = RedisServer(password="supersecret123")
+    broker.start()
+    with FakeModelServer(delay=0.2) as model:
+        settings = make_settings(tmp_path, opensearch, broker, model)
+        corpus = write_corpus(tmp_path / "c.jsonl", 400)
+        env = {**os.environ, **settings.to_env()}
+        log = tmp_path / "job.log"
+        try:
+            with open(log, "wb") as out:
+                job = subprocess.Popen(
+                    [str(Path(os.sys.executable).parent / "sira"), "reindex", "--target",
+                     settings.index.name, "--source", str(corpus), "--workers", "2"],
+                    env=env, stdout=out, stderr=subprocess.STDOUT)
+            wait_for(lambda: proposed_count(opensearch, settings.index.name) >= 32, 90)
+            workers = [int(p) for p in subprocess.run(
+                ["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()]
+            assert len(workers) == 2
+            pool = [int(p) for w in workers for p in subprocess.run(
+                ["pgrep", "-P", str(w)], capture_output=True, text=True).stdout.split()]
+            job.kill()
+            job.wait()
+            wait_for(lambda: not any(servers._alive(p) for p in workers + pool), 60)
+            output = log.read_text()
+            assert "starting 2 local worker(s) on redis://***@127.0.0.1" in output
+            assert "supersecret123" not in output
+        finally:
+            subprocess.run(["pkill", "-9", "-f", f"-Q {settings.worker.queue}"])
+            broker.stop()
+            opensearch.delete_index(settings.index.name)
