@@ -141,3 +141,24 @@ def test_search_templates_where_supported(engine: Engine, fresh_index: IndexSett
     assert rendered == {"query": {"match": {"contents": 'lung "cancer"'}}, "size": 3}
     found = engine.search_template(fresh_index.name, "test-template", {"q": "cats", "size": 5})
     assert [h["_id"] for h in found["hits"]["hits"]] == ["d2"]
+
+
+def test_write_refused_names_a_block_and_writes_nothing(engine: Engine,
+                                                        fresh_index: IndexSettings) -> None:
+    index = fresh_index.name
+    assert engine.write_refused(index) is None
+    assert engine.get(index, Engine.PROBE_ID) is None  # the probe wrote nothing
+    engine.client.indices.put_settings(index=index, body={"index.blocks.write": True})
+    try:
+        reason = engine.write_refused(index)
+        assert reason is not None and "cluster_block_exception" in reason
+    finally:
+        engine.client.indices.put_settings(index=index, body={"index.blocks.write": False})
+
+
+def test_two_creators_of_one_index(engine: Engine, fresh_index: IndexSettings) -> None:
+    """Another job created the index a moment ago: creating it again is not an error."""
+    from unittest import mock
+
+    with mock.patch.object(engine, "index_exists", return_value=False):
+        assert engine.create_index(fresh_index) is False

@@ -411,6 +411,6 @@ def test_kill_9_of_the_job_takes_its_workers_along(opensearch: Engine, tmp_path:
             assert "starting 2 local worker(s) on redis://***@127.0.0.1" in output
             assert "supersecret123" not in output
         finally:
-            subprocess.run(["pkill", "-9", "-f", f"-Q {settings.worker.queue}"])
+            subprocess.run(["pkill", "-9", "-f", "--", f"-Q {settings.worker.queue}"])
             broker.stop()
             opensearch.delete_index(settings.index.name)
