@@ -39,6 +39,7 @@ from pipeline.config import Settings
 from pipeline.engine import Engine, SearchRefused, mappings_dir
 from pipeline.jobs import index_corpus
 from pipeline.loaders import CorpusError, beir_split, load_phrasings, load_queries
+from pipeline.profile import DEFAULT_MAX_N, DEFAULT_W, Classes, Profile
 
 MEASURES = {"R@10": R @ 10, "R@100": R @ 100, "nDCG@10": nDCG @ 10, "MRR@10": RR @ 10,
             "P@10": P @ 10}
@@ -46,6 +47,7 @@ DEPTH = 100
 BOOTSTRAP = 10_000
 HELD_ASIDE = 0.3  # share of the test queries used as dev when a collection has no dev qrels
 W_GRID = [0.1, 0.2, 0.3, 0.5, 0.7, 1.0]
+W_GROWTH, W_GROWTH_STEPS = 1.5, 4  # w beyond the grid: 1.5, 2.25, ... while it is best
 MAX_N_GRID = [1, 2]
 K_GRID = [0, 10, 25, 50, 100, 200, 400]
 RATIO_GRID = [0.001, 0.0025, 0.005, 0.01, 0.05]
@@ -57,7 +59,7 @@ Run = dict[str, list[tuple[str, float]]]  # query id -> ranked (doc id, score)
 @dataclass(frozen=True)
 class Config:
     name: str
-    classes: query.Classes = "both"
+    classes: Classes = "both"
     sketch: bool = False
     policy: str | None = None  # a policy kind to apply first; None = the tuned default
     needs_proposals: bool = True
@@ -179,20 +181,19 @@ class Runner:
                 self.max_sketch_terms)
         return self._validated[setting].get(qid, query.Validation([], [], {}))
 
-    def run(self, config: Config, queries: dict[str, str], *, w: float = 0.5, max_n: int = 2,
+    def run(self, config: Config, queries: dict[str, str], *, w: float = DEFAULT_W,
+            max_n: int = DEFAULT_MAX_N,
             cap: int | None = None, on_query: Callable[[], None] | None = None) -> Run:
         qids = list(queries)
         bodies, owners = [], []
         for qid in qids:
             expansion = self.expansion(qid, cap, max_n, config.classes != "none").terms \
                 if config.sketch else {}
-            texts = [queries[qid]] + (self.phrasings.get(qid, []) if config.also else [])
-            for i, text in enumerate(texts):
-                body = query.build_query(text, expansion if i == 0 else {}, w=w, size=DEPTH,
-                                         classes=config.classes)
-                body["_source"] = False
-                bodies.append(body)
-                owners.append(qid)
+            also = self.phrasings.get(qid, []) if config.also else []
+            searches = query.search_bodies(queries[qid], expansion, also, w=w,
+                                           classes=config.classes, size=DEPTH, source=False)
+            bodies += searches
+            owners += [qid] * len(searches)
         rankings: dict[str, list[list[query.Hit]]] = {qid: [] for qid in qids}
         for start in range(0, len(bodies), 64):
             try:
@@ -273,6 +274,7 @@ class Report:
     per_query: dict = field(default_factory=dict)  # config -> query id -> measures
     skipped: dict = field(default_factory=dict)  # config -> why it did not run
     notes: list[str] = field(default_factory=list)  # inputs left out, and why
+    profile: dict = field(default_factory=dict)  # what search should run (--save-profile)
 
 
 class Applier:
@@ -355,19 +357,42 @@ def _tune(runner: Runner, apply: Applier, dev: Split, report: Report,
                 continue
             cap = apply(best["rank"]) if has_proposals else None
             results = []
-            for max_n in MAX_N_GRID:
-                for w in W_GRID:
-                    run = runner.run(Config(name, classes=classes, sketch=True), dev.queries,
-                                     w=w, max_n=max_n, cap=cap)
-                    results.append((score(run), w, max_n))
-                    tick()
-            dev_score, w, max_n = max(results, key=lambda r: (r[0], -r[1], -r[2]))
+            grid, new = list(W_GRID), list(W_GRID)
+            while new:
+                for max_n in MAX_N_GRID:
+                    for w in new:
+                        run = runner.run(Config(name, classes=classes, sketch=True),
+                                         dev.queries, w=w, max_n=max_n, cap=cap)
+                        results.append((score(run), w, max_n))
+                        tick()
+                dev_score, w, max_n = max(results, key=lambda r: (r[0], -r[1], -r[2]))
+                # a best w on the edge of the grid: the grid grows, a few steps at most
+                new = [round(w * W_GROWTH, 3)] if w == grid[-1] and \
+                    len(grid) < len(W_GRID) + W_GROWTH_STEPS else []
+                grid += new
             best[name] = (w, max_n)
             report.chosen[f"{name}.w"] = {"value": w, "dev_nDCG@10": round(dev_score, 4)}
             report.chosen[f"{name}.max_n"] = {"value": max_n}
     for entry in report.chosen.values():
         entry["chosen_on"] = report.dev
     return best
+
+
+def chosen_profile(report: Report, best: dict, settings: Settings,
+                   max_sketch_terms: int | None) -> Profile:
+    """The search profile of what was chosen on dev (``sira bench --save-profile``): the
+    rank filter's K, the sketch's w and max_n (of ``doc+query``, else of ``query``)."""
+    values: dict = {"bm25_k1": settings.index.bm25_k1, "bm25_b": settings.index.bm25_b,
+                    "max_sketch_terms": max_sketch_terms}
+    if "rank" in best:
+        values |= {"policy": "rank", "rank_k": best["rank"].rank_k}
+    for name, classes in (("doc+query", "both"), ("query", "none")):
+        if name in best:
+            values |= {"w": best[name][0], "max_n": best[name][1], "classes": classes}
+            break
+    origin = (f"sira bench {report.dataset} ({report.engine}; chosen on {report.dev}; "
+              f"{time.strftime('%Y-%m-%d')})")
+    return Profile().merged(values, origin)
 
 
 def tuning_steps(has_proposals: bool, has_sketches: bool) -> int:
@@ -438,6 +463,8 @@ def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path 
     best = _tune(runner, apply, dev, report, has_proposals, has_sketches,
                  progress("tuning on dev", tuning_steps(has_proposals, has_sketches)))
 
+    report.profile = chosen_profile(report, best, settings, max_sketch_terms).stored()
+
     runs: dict[str, Run] = {}
     tick = progress("running configurations", None)
     for config in CONFIGS:
@@ -452,7 +479,7 @@ def bench(engine: Engine, settings: Settings, dataset: Path, *, proposals: Path 
             continue
         policy = best.get(config.policy or "rank") if has_proposals else None
         cap = apply(policy) if policy else None
-        w, max_n = best.get(config.name, (0.5, 2)) if config.sketch else (0.5, 2)
+        w, max_n = best.get(config.name, (DEFAULT_W, DEFAULT_MAX_N))
         runs[config.name] = runner.run(config, test.queries, w=w, max_n=max_n, cap=cap,
                                        on_query=tick)
         values = per_query(runs[config.name], test.qrels)
@@ -567,7 +594,7 @@ PHRASES = "two-clause, phrases"  # the template given sketch phrases, where it c
 
 
 def latency(engine: Engine, settings: Settings, queries: dict[str, str],
-            sketches: dict[str, list[str]], *, w: float = 0.5, max_n: int = 2,
+            sketches: dict[str, list[str]], *, w: float = DEFAULT_W, max_n: int = DEFAULT_MAX_N,
             repeat: int = 5, tick: Callable[[], None] | None = None,
             max_sketch_terms: int | None = None) -> dict:
     """Engine-side latency (``took``, ms) of plain BM25 (title + text) and of the literal

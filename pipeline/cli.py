@@ -16,13 +16,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipeline import batchfiles, enrich, servers
+from pipeline import batchfiles, dfstats, enrich, servers
 from pipeline.config import DfBasis, EngineKind, PolicyKind, Settings, Stance, redact_url
 from pipeline.engine import Engine, EngineUnavailable, describe_error
 from pipeline.jobs import IndexSummary, JobFailed, JobSummary, index_corpus, merge_line, reindex
 from pipeline.llm import ModelClient, NotConfigured
 from pipeline.loaders import CorpusError, count_items, is_beir_folder, load_queries
-from pipeline.query import Classes, SearchResult, install_template, search
+from pipeline.profile import DEFAULT_W, Classes, Profile, ProfileError
+from pipeline.profile import META_KEY as PROFILE_META
+from pipeline.profile import read_file as read_profile
+from pipeline.profile import write_file as write_profile
+from pipeline.query import SearchResult, install_template, search
 
 
 class _App(typer.Typer):
@@ -58,6 +62,9 @@ app = _App(help="SIRA: LLM-enriched lexical retrieval for Elasticsearch and Open
 engine_app = _App(help="Local search engines for development and tests.",
                          no_args_is_help=True)
 app.add_typer(engine_app, name="engine")
+profile_app = _App(help="The search profile stored with an index (w, max_n, classes, "
+                   "sketch budget, filter policy).", no_args_is_help=True)
+app.add_typer(profile_app, name="profile")
 template_app = _App(help="The stored search template.", no_args_is_help=True)
 app.add_typer(template_app, name="template")
 
@@ -241,6 +248,8 @@ def _print_hits(result: SearchResult, explain: bool = False) -> None:
         table.add_row(str(rank), hit.id, f"{hit.score:.3f}", (hit.title or hit.text)[:80])
     out.print(table)
     if explain:
+        out.print("profile: " + Profile.model_validate(result.profile).describe(),
+                  highlight=False)
         for rank, hit in enumerate(result.hits, start=1):
             matched = "; ".join(f"{f}: {', '.join(t)}" for f, t in hit.matched_terms.items())
             out.print(f"{rank}. {hit.id} [{', '.join(hit.matched_queries)}] {matched}",
@@ -256,9 +265,13 @@ def search_cmd(
              "weight. Only for phrasings you can defend: a wrong one costs recall.")] = None,
     expand: Annotated[bool, typer.Option(help="Ask the model for an expected-answer sketch.")]
     = False,
-    w: Annotated[float, typer.Option(help="Weight of the expansion clause.")] = 0.5,
-    classes: Annotated[Classes, typer.Option(help="Enrichment classes that take part.")]
-    = "both",
+    w: Annotated[float | None, typer.Option(
+        help="Weight of the expansion clause (default: the index's profile).")] = None,
+    max_n: Annotated[int | None, typer.Option(
+        min=1, max=3, help="Longest sketch part validation looks up, in words (default: "
+                           "the index's profile).")] = None,
+    classes: Annotated[Classes | None, typer.Option(
+        help="Enrichment classes that take part (default: the index's profile).")] = None,
     size: Annotated[int, typer.Option(help="Number of hits.")] = 10,
     explain: Annotated[bool, typer.Option(help="Show the sketch, validation and what "
                                           "matched per hit.")] = False,
@@ -269,7 +282,7 @@ def search_cmd(
     """Search: BM25 over title + text + enrichment, optionally with a validated sketch."""
     settings = _settings(ctx, index)
     result = search(_connect(settings), settings, text, also=also or [], expand=expand, w=w,
-                    size=size, classes=classes, explain=explain or as_json,
+                    max_n=max_n, size=size, classes=classes, explain=explain or as_json,
                     max_sketch_terms=max_sketch_terms)
     if as_json:
         sys.stdout.write(json.dumps(dataclasses.asdict(result)) + "\n")
@@ -286,15 +299,100 @@ def template_install(ctx: typer.Context) -> None:
     out.print(f"stored search template '{install_template(engine)}'")
 
 
+# -- sira profile --------------------------------------------------------------------------
+
+
+def _index_bm25(engine: Engine, index: str) -> dict:
+    settings = dict(engine.client.indices.get_settings(index=index))[index]["settings"]
+    similarity = settings.get("index", {}).get("similarity", {}).get("sira_bm25", {})
+    return {k: float(similarity[k]) for k in ("k1", "b") if k in similarity}
+
+
+@profile_app.command("apply")
+def profile_apply(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Argument(help="A profile file (`sira bench --save-profile`).")],
+    index: IndexOpt = None,
+) -> None:
+    """Store a profile with an index: search, apply and the job use it from then on."""
+    settings = _settings(ctx, index)
+    try:
+        profile = read_profile(path)
+    except ProfileError as exc:
+        raise _fail(str(exc)) from exc
+    engine = _connect(settings)
+    name = settings.index.name
+    meta = engine.get_meta(name)
+    before = Profile.for_index(meta, settings)
+    engine.put_meta(name, {PROFILE_META: profile.stored()})
+    out.print(f"{name}: profile stored: {profile.describe()}")
+    changed = [k for k in ("w", "max_n", "classes", "max_sketch_terms")
+               if getattr(before, k) != getattr(profile, k)]
+    if changed:
+        out.print(f"  search now uses the new {', '.join(changed)}")
+    applied = meta.get("sira_filter")
+    wanted = profile.filter_policy()
+    if applied and (applied.get("policy"), applied.get("rank_k"), applied.get("ratio"),
+                    applied.get("absolute_cap")) != (wanted.kind, wanted.rank_k, wanted.ratio,
+                                                     wanted.absolute_cap):
+        out.print(f"  the enrichment was written under another filter: `sira refilter --index "
+                  f"{name}` applies {wanted.describe()} (no model calls)")
+    bm25 = _index_bm25(engine, name)
+    chosen = {"k1": profile.bm25_k1, "b": profile.bm25_b}
+    differ = {k: (bm25.get(k), v) for k, v in chosen.items() if v is not None and
+              bm25.get(k) is not None and abs(bm25[k] - v) > 1e-9}
+    if differ:
+        out.print("  note: the profile was chosen with BM25 " + ", ".join(
+            f"{k} = {v}" for k, (_, v) in differ.items()) + "; this index has " + ", ".join(
+            f"{k} = {have}" for k, (have, _) in differ.items()) + " (set when the index is "
+            "created: SIRA_INDEX__BM25_K1 / SIRA_INDEX__BM25_B, then reindex)")
+
+
+@profile_app.command("show")
+def profile_show(ctx: typer.Context, index: IndexOpt = None) -> None:
+    """What search, the template, apply and the job use for an index, and whence."""
+    settings = _settings(ctx, index)
+    engine = _connect(settings)
+    name = settings.index.name
+    meta = engine.get_meta(name)
+    profile = Profile.for_index(meta, settings)
+    shown = {"index": name, "profile": profile.stored(),
+             "search": {"w": profile.w, "max_n": profile.max_n, "classes": profile.classes,
+                        "max_sketch_terms": profile.max_sketch_terms},
+             "apply": {"policy": profile.filter_policy().describe(),
+                       "df_basis": settings.enrich.df_basis},
+             "filter_in_force": meta.get("sira_filter"),
+             "template_params": {"w": profile.w, "skip_echo": profile.classes in
+                                 ("bridge", "none") or None, "skip_bridge": profile.classes
+                                 in ("echo", "none") or None},
+             "index_bm25": _index_bm25(engine, name)}
+    shown["template_params"] = {k: v for k, v in shown["template_params"].items()
+                                if v is not None}
+    out.print_json(json.dumps(shown))
+
+
 # -- enrichment ----------------------------------------------------------------------------
 
 
 def _policy_options(settings: Settings, policy: PolicyKind | None, k: int | None,
-                    ratio: float | None, cap: int | None, basis: DfBasis | None) -> None:
-    update = {key: value for key, value in {
-        "policy": policy, "rank_k": k, "ratio": ratio, "absolute_cap": cap, "df_basis": basis,
+                    ratio: float | None, cap: int | None, basis: DfBasis | None) -> dict:
+    """Put the filter flags into the settings (``stats`` shows every policy with them) and
+    return those given, to override the index's profile with."""
+    given = {key: value for key, value in {
+        "policy": policy, "rank_k": k, "ratio": ratio, "absolute_cap": cap,
     }.items() if value is not None}
-    settings.enrich = settings.enrich.model_copy(update=update)
+    settings.enrich = settings.enrich.model_copy(
+        update=given | ({"df_basis": basis} if basis else {}))
+    return given
+
+
+def _filter_policy(engine: Engine, settings: Settings, flags: dict) -> dfstats.Policy:
+    """The policy apply writes with: the command's flags over the index's profile."""
+    stored = Profile.for_index(engine.get_meta(settings.index.name), settings)
+    try:
+        return stored.overridden(**flags).filter_policy()
+    except ProfileError as exc:
+        raise _fail(str(exc)) from exc
 
 
 PolicyOpt = Annotated[PolicyKind | None, typer.Option(help="DF filter: none, ratio, absolute, "
@@ -337,7 +435,7 @@ def enrich_cmd(
     settings = _settings(ctx, index)
     if stance:
         settings.enrich = settings.enrich.model_copy(update={"stance": stance})
-    _policy_options(settings, policy, k, ratio, cap, basis)
+    flags = _policy_options(settings, policy, k, ratio, cap, basis)
     try:
         client = ModelClient(settings.llm)
     except NotConfigured as exc:
@@ -352,7 +450,7 @@ def enrich_cmd(
     for reason, count in proposed.reasons.most_common(5):
         err.print(f"failed {count} document(s): {reason}")
     out.print(f"propose: {proposed.line()}")
-    _print_apply(enrich.apply(engine, settings))
+    _print_apply(enrich.apply(engine, settings, _filter_policy(engine, settings, flags)))
     if force_merge:
         _force_merge(engine, settings.index.name)
     if proposed.failed or proposed.rejected:
@@ -365,9 +463,9 @@ def refilter_cmd(ctx: typer.Context, policy: PolicyOpt = None, k: KOpt = None,
                  index: IndexOpt = None, force_merge: MergeOpt = False) -> None:
     """Re-apply the DF filter to the stored proposals (no model calls)."""
     settings = _settings(ctx, index)
-    _policy_options(settings, policy, k, ratio, cap, basis)
+    flags = _policy_options(settings, policy, k, ratio, cap, basis)
     engine = _connect(settings)
-    _print_apply(enrich.apply(engine, settings))
+    _print_apply(enrich.apply(engine, settings, _filter_policy(engine, settings, flags)))
     if force_merge:
         _force_merge(engine, settings.index.name)
 
@@ -518,6 +616,9 @@ def bench_cmd(
     recreate: Annotated[bool, typer.Option(help="Rebuild the index even if it matches.")]
     = False,
     max_sketch_terms: SketchBudgetOpt = None,
+    save_profile: Annotated[Path | None, typer.Option(
+        help="Write the parameters chosen on dev as a search profile (then `sira profile "
+             "apply FILE --index NAME`).")] = None,
 ) -> None:
     """Measure every configuration on a BEIR collection; print a Markdown table."""
     from pipeline import bench
@@ -540,6 +641,10 @@ def bench_cmd(
     paths = bench.write(report, runs, out_dir)
     out.print(bench.markdown(report))
     out.print(f"\nwrote {paths['json']}, {paths['md']}, {paths['png']}")
+    if save_profile:
+        profile = Profile.model_validate(report.profile)
+        write_profile(save_profile, profile, report.chosen)
+        out.print(f"wrote the profile chosen on dev to {save_profile}: {profile.describe()}")
 
 
 @app.command("bench-latency")
@@ -549,7 +654,7 @@ def bench_latency_cmd(
     proposals: Annotated[Path | None, typer.Option(help="Recorded proposals.")] = None,
     sketches: Annotated[Path, typer.Option(help="Recorded sketches.")] = ...,
     split: Annotated[str, typer.Option(help="Queries of this split.")] = "test",
-    w: Annotated[float, typer.Option(help="Weight of the expansion clause.")] = 0.5,
+    w: Annotated[float, typer.Option(help="Weight of the expansion clause.")] = DEFAULT_W,
     repeat: Annotated[int, typer.Option(help="Passes over the queries.")] = 5,
     k1: Annotated[float, typer.Option(help="BM25 k1.")] = 0.9,
     b: Annotated[float, typer.Option(help="BM25 b.")] = 0.4,

@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cache, cached_property
 from importlib import resources
 from importlib.abc import Traversable
 from itertools import islice
@@ -27,16 +27,15 @@ from pipeline.config import EngineKind, EngineSettings, IndexSettings, Settings,
 RETRY_ON_STATUS = (429, 502, 503, 504)
 
 
-def _transient_errors() -> tuple[type[BaseException], ...]:
+@cache
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """Errors after which a whole operation may be tried again later (the engine was
+    unreachable). A function, so that importing this module does not import both clients."""
     import elastic_transport
     import opensearchpy
 
     return (opensearchpy.ConnectionError, opensearchpy.ConnectionTimeout,
             elastic_transport.ConnectionError, elastic_transport.ConnectionTimeout, OSError)
-
-
-# errors after which a whole operation may be tried again later (the engine was unreachable)
-TRANSIENT_ERRORS = _transient_errors()
 
 
 class EngineUnavailable(RuntimeError):

@@ -22,6 +22,7 @@ from pipeline.config import DfBasis, Settings
 from pipeline.engine import BulkResult, Engine, ItemFailure
 from pipeline.llm import ModelClient
 from pipeline.loaders import now_iso
+from pipeline.profile import Profile
 from pipeline.prompts import Prompt, corpus_prompt, document_body
 
 PROPOSED, ENRICHED, FAILED = "proposed", "enriched", "failed"
@@ -265,11 +266,13 @@ def enrichment_fields(kept: list[dict]) -> tuple[list[str], list[str]]:
 
 def apply(engine: Engine, settings: Settings, policy: dfstats.Policy | None = None,
           basis: DfBasis | None = None, table: TermTable | None = None) -> ApplySummary:
-    """Write the enrichment fields of every proposed document under ``policy``, streaming
+    """Write the enrichment fields of every proposed document under ``policy`` (default: the
+    index's profile), streaming
     the documents; only those whose enrichment or status changes are written. ``table``:
     statistics computed before (the bench tries many policies on the same proposals)."""
     index = settings.index.name
-    policy = policy or dfstats.Policy.from_settings(settings.enrich)
+    if policy is None:  # the one in the index's profile (pipeline.profile)
+        policy = Profile.for_index(engine.get_meta(index), settings).filter_policy()
     basis = basis or settings.enrich.df_basis
     table = table or term_table(engine, index, basis)
     cap = policy.cap(table.n_docs, table.df.values())

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline import enrich, worker
+from pipeline import enrich
 from pipeline.config import Settings
-from pipeline.engine import TRANSIENT_ERRORS, BulkResult, Engine, ItemFailure
+from pipeline.engine import BulkResult, Engine, ItemFailure, transient_errors
 from pipeline.loaders import CorpusError, Document, LoadReport, iter_corpus
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ def index_corpus(
 # -- the (re)index job ---------------------------------------------------------------------
 
 QUEUED = "queued"
+PROPOSE_TASK = "sira.propose"  # the worker's task (pipeline.worker)
 
 
 class JobFailed(RuntimeError):
@@ -218,7 +219,7 @@ class Heartbeat:
             else:
                 beats[self.job] = {"at": now, "host": socket.gethostname(), "pid": os.getpid()}
             self.engine.put_meta(self.index, {JOBS_META: beats})
-        except TRANSIENT_ERRORS:
+        except transient_errors():
             return  # the wait loop notices an unreachable engine on its own
         except Exception as exc:
             if done:
@@ -237,7 +238,7 @@ def status_counts(engine: Engine, index: str, job: str | None = None) -> Counter
 
 def _enqueue(app: Celery, index: str, ids: list[str], job: str, batch: int) -> None:
     for start in range(0, len(ids), batch):
-        app.send_task(worker.PROPOSE, args=[index, ids[start:start + batch], job])
+        app.send_task(PROPOSE_TASK, args=[index, ids[start:start + batch], job])
 
 
 def reindex(
@@ -267,7 +268,11 @@ def reindex(
         clock[0] = now
 
     index = settings.index.name
-    app = app or worker.make_app(settings)
+    if app is None:  # Celery is imported only by the commands that run a job
+        from pipeline import worker
+
+        worker.prepare_broker(settings)
+        app = worker.make_app(settings)
     engine.create_index(settings.index)
     beat = Heartbeat(engine, index, job)
     try:

@@ -23,18 +23,18 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 from pipeline import dfstats, terms
 from pipeline.config import Settings
 from pipeline.engine import Engine, mappings_dir
 from pipeline.llm import ModelClient
+from pipeline.profile import DEFAULT_W, Classes, Profile
 from pipeline.prompts import query_prompt
 
 TEMPLATE_ID = "sira-two-clause"
 TEXT_FIELD = terms.TEXT_FIELD  # title + text as one field, as Pyserini's BEIR "flat" index
 ENRICHED_FIELD = terms.ENRICHED_FIELD
-Classes = Literal["both", "echo", "bridge", "none"]
 RRF_K = 60
 LEAF = re.compile(r"weight\((\w+):(.+?) in \d+\)")
 
@@ -53,8 +53,9 @@ def expansion_fields(classes: Classes) -> list[str]:
     return [ENRICHED_FIELD] if classes == "both" else fields_for(classes)
 
 
-def build_query(text: str, expansion: Mapping[str, int] | None = None, *, w: float = 0.5,
-                size: int = 10, classes: Classes = "both", named: bool = False) -> dict:
+def build_query(text: str, expansion: Mapping[str, int] | None = None, *,
+                w: float = DEFAULT_W, size: int = 10, classes: Classes = "both",
+                named: bool = False) -> dict:
     """The search body the stored template renders for the same parameters. ``expansion``:
     analysed sketch term -> count (``expansion_terms``). With w = 0 the expansion clauses are
     left out, so the ranking is exactly the literal query's. ``named``: name every clause
@@ -83,7 +84,8 @@ def expansion_terms(norms: Sequence[str]) -> dict[str, int]:
     return dict(Counter(token for norm in norms for token in norm.split()))
 
 
-def template_params(text: str, expansion: Mapping[str, int] | None = None, *, w: float = 0.5,
+def template_params(text: str, expansion: Mapping[str, int] | None = None, *,
+                    w: float = DEFAULT_W,
                     size: int = 10, classes: Classes = "both", named: bool = False,
                     phrases: Sequence[str] = ()) -> dict:
     """Parameters of the stored template: ``expansion`` as ``build_query`` takes it, or
@@ -137,18 +139,20 @@ class SearchResult:
     expansion_note: str | None = None  # why there is no expansion, if there is none
     cap: int | None = None
     model_ms: int | None = None
+    profile: dict = field(default_factory=dict)  # the values this search used, and whence
 
 
 # -- validation ----------------------------------------------------------------------------
 
 
-def active_cap(engine: Engine, index: str, settings: Settings) -> int | None:
-    """The DF cap ``sira enrich``/``refilter`` last applied, else one from the settings
-    (the rank policy needs the collection's statistics, so it then means no cap)."""
-    meta = engine.get_meta(index).get("sira_filter")
-    if meta:
-        return meta.get("cap")
-    policy = dfstats.Policy.from_settings(settings.enrich)
+def active_cap(engine: Engine, index: str, meta: dict, profile: Profile) -> int | None:
+    """The DF cap ``sira enrich``/``refilter`` last applied (in the index's ``_meta``), else
+    the profile's (the rank policy needs the collection's statistics, so it then means no
+    cap)."""
+    applied = meta.get("sira_filter")
+    if applied:
+        return applied.get("cap")
+    policy = profile.filter_policy()
     if policy.kind == "rank":
         return None
     return policy.cap(engine.count(index), [])
@@ -259,6 +263,20 @@ def rrf(rankings: list[list[Hit]], size: int, k: int = RRF_K) -> list[Hit]:
     return [Hit(**{**first[d].__dict__, "score": fused[d]}) for d in order]
 
 
+def search_bodies(text: str, searched: Mapping[str, int], also: Sequence[str] = (), *,
+                  w: float, classes: Classes, size: int, explain: bool = False,
+                  source: Sequence[str] | bool = ("title", "text")) -> list[dict]:
+    """The requests of one search (``search`` and the bench send the same): the two-clause
+    query of ``text`` with the validated sketch's terms, then the literal query of each other
+    phrasing; several rankings are fused with ``rrf``."""
+    bodies = [build_query(text, searched, w=w, size=size, classes=classes, named=explain)]
+    bodies += [build_query(a, size=size, classes=classes, named=explain) for a in also]
+    for body in bodies:
+        body["_source"] = list(source) if not isinstance(source, bool) else source
+        body["explain"] = explain
+    return bodies
+
+
 def search(
     engine: Engine,
     settings: Settings,
@@ -268,38 +286,42 @@ def search(
     expand: bool = False,
     expansion: Sequence[str] | None = None,
     client: ModelClient | None = None,
-    w: float = 0.5,
-    size: int = 10,
-    classes: Classes = "both",
-    explain: bool = False,
+    profile: Profile | None = None,
+    w: float | None = None,
+    max_n: int | None = None,
+    classes: Classes | None = None,
     max_sketch_terms: int | None = None,
+    size: int = 10,
+    explain: bool = False,
 ) -> SearchResult:
     """Search the enriched index. ``expand``: ask the model for a sketch; ``expansion``:
     sketch terms given by the caller (e.g. recorded); either way they are validated against
-    the index first (``max_sketch_terms``: see ``validate``). ``also``: more phrasings of the
-    same need, fused with equal weight."""
+    the index first. ``also``: more phrasings of the same need, fused with equal weight.
+    ``profile``: the ranking parameters (default: the one stored with the index, see
+    ``pipeline.profile``); ``w``, ``max_n``, ``classes`` and ``max_sketch_terms`` override
+    it for this search."""
     index = settings.index.name
-    result = SearchResult(text, [], 0, 0, also=list(also))
+    meta = engine.get_meta(index)
+    profile = (profile or Profile.for_index(meta, settings)).overridden(
+        w=w, max_n=max_n, classes=classes, max_sketch_terms=max_sketch_terms)
+    result = SearchResult(text, [], 0, 0, also=list(also), profile=profile.stored())
     sketch: list[str] | None = list(expansion) if expansion is not None else None
     searched: dict[str, int] = {}
     if expand and sketch is None:
         sketch, result.model_ms, result.expansion_note = _sketch(settings, client, text)
     result.sketch = sketch
     if sketch:
-        result.cap = active_cap(engine, index, settings)
+        result.cap = active_cap(engine, index, meta, profile)
         result.expansion, result.dropped, searched = validate(
-            engine, index, sketch, result.cap, settings.index.max_ngram,
-            max_sketch_terms=max_sketch_terms)
+            engine, index, sketch, result.cap, profile.max_n,
+            max_sketch_terms=profile.max_sketch_terms)
         if not result.expansion:
             result.expansion_note = "no sketch term passed validation"
     elif expand and result.expansion_note is None:
         result.expansion_note = "the model proposed no terms"
 
-    bodies = [build_query(text, searched, w=w, size=size, classes=classes, named=explain)]
-    bodies += [build_query(a, size=size, classes=classes, named=explain) for a in also]
-    for body in bodies:
-        body["_source"] = ["title", "text"]
-        body["explain"] = explain
+    bodies = search_bodies(text, searched, also, w=profile.w, classes=profile.classes,
+                           size=size, explain=explain)
     responses = engine.msearch(index, bodies)
     result.took_ms = sum(int(r["took"]) for r in responses)
     result.total = int(responses[0]["hits"]["total"]["value"])

@@ -15,23 +15,34 @@ from celery import Celery, signals
 
 from pipeline import enrich
 from pipeline.config import Settings
-from pipeline.engine import TRANSIENT_ERRORS, Engine
+from pipeline.engine import Engine, transient_errors
+from pipeline.jobs import PROPOSE_TASK
 from pipeline.llm import ModelClient
 
-PROPOSE = "sira.propose"
+PROPOSE = PROPOSE_TASK
 
 
 def broker_url(settings: Settings) -> str:
     return settings.worker.broker_url or "filesystem://"
 
 
+def broker_folder(settings: Settings) -> Path:
+    return Path(settings.state_dir) / "broker"
+
+
+def prepare_broker(settings: Settings) -> None:
+    """The embedded broker's folders, made when a job or a worker starts (importing this
+    module writes nothing)."""
+    if not settings.worker.broker_url:
+        for sub in ("queue", "processed", "control"):
+            (broker_folder(settings) / sub).mkdir(parents=True, exist_ok=True)
+
+
 def make_app(settings: Settings) -> Celery:
     app = Celery("sira", broker=broker_url(settings))
     transport: dict = {"visibility_timeout": settings.worker.visibility_timeout}
     if not settings.worker.broker_url:
-        folder = Path(settings.state_dir) / "broker"
-        for sub in ("queue", "processed", "control"):
-            (folder / sub).mkdir(parents=True, exist_ok=True)
+        folder = broker_folder(settings)
         transport |= {"data_folder_in": str(folder / "queue"),
                       "data_folder_out": str(folder / "queue"),
                       "processed_folder": str(folder / "processed"), "store_processed": False,
@@ -57,9 +68,10 @@ app = make_app(Settings())
 
 
 @signals.worker_init.connect
-def _die_with_parent(**_: object) -> None:
+def _on_worker_start(**_: object) -> None:
     from pipeline.localworkers import die_with_parent
 
+    prepare_broker(Settings())
     die_with_parent()
 
 
@@ -69,7 +81,7 @@ def _resources() -> tuple[Settings, Engine, ModelClient]:
     return settings, Engine.from_settings(settings), ModelClient(settings.llm)
 
 
-@app.task(name=PROPOSE, bind=True, autoretry_for=TRANSIENT_ERRORS,
+@app.task(name=PROPOSE, bind=True, autoretry_for=transient_errors(),
           retry_backoff=True, retry_backoff_max=120, retry_jitter=True, max_retries=8)
 def propose_task(self, index: str, ids: list[str], job: str | None = None) -> dict:
     settings, engine, client = _resources()
