@@ -12,7 +12,7 @@ from pathlib import Path
 from pipeline import enrich
 from pipeline.config import Settings
 from pipeline.engine import Engine, ItemFailure
-from pipeline.llm import BadAnswer, parse_keywords
+from pipeline.llm import BadAnswer, chat_request, parse_keywords
 from pipeline.loaders import LoadReport, iter_jsonl_objects
 from pipeline.prompts import document_body
 
@@ -30,10 +30,7 @@ def export_batch(engine: Engine, settings: Settings, path: Path, *, all_docs: bo
                 continue
             body = document_body(source.get("title", ""), source.get("text", ""))
             line = {"custom_id": hit["_id"], "method": "POST", "url": "/v1/chat/completions",
-                    "body": {"model": llm.model, "messages": prompt.messages(body),
-                             "response_format": {"type": "json_schema", "json_schema": {
-                                 "name": "keywords", "schema": prompt.schema, "strict": True}},
-                             "max_tokens": llm.max_tokens, "temperature": llm.temperature}}
+                    "body": chat_request(llm, prompt, body)}
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
             count += 1
     return count

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from pipeline.config import DfBasis, EnrichSettings, PolicyKind
 from pipeline.engine import Engine
-from pipeline.terms import ENRICHED_FIELD, TEXT_FIELD
+from pipeline.schema import ENRICHED_FIELD, TEXT_FIELD
 
 TEXT_FIELDS = [TEXT_FIELD]
 # title, text and the enrichment in one field: a phrase is found in it exactly when it is

@@ -24,8 +24,8 @@ from pipeline.llm import ModelClient
 from pipeline.loaders import now_iso
 from pipeline.profile import Profile
 from pipeline.prompts import Prompt, corpus_prompt, document_body
+from pipeline.schema import ENRICHED, FAILED, PROPOSED, PROPOSED_STATES
 
-PROPOSED, ENRICHED, FAILED = "proposed", "enriched", "failed"
 DOC_SOURCE = ["title", "text", "sira"]
 
 
@@ -37,7 +37,7 @@ def prompt_for(settings: Settings) -> Prompt:
 def needs_proposals(source: dict, prompt_version: str) -> bool:
     sira = source.get("sira", {})
     return not (
-        sira.get("status") in (PROPOSED, ENRICHED)
+        sira.get("status") in PROPOSED_STATES
         and sira.get("prompt_version") == prompt_version
         and sira.get("proposed_hash") == sira.get("content_hash")
     )

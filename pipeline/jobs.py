@@ -17,6 +17,7 @@ from pipeline import enrich
 from pipeline.config import Settings
 from pipeline.engine import BulkResult, Engine, ItemFailure, transient_errors
 from pipeline.loaders import CorpusError, Document, LoadReport, iter_corpus
+from pipeline.schema import ENRICHED, FAILED, PROPOSED, QUEUED
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -63,7 +64,6 @@ def index_corpus(
 
 # -- the (re)index job ---------------------------------------------------------------------
 
-QUEUED = "queued"
 PROPOSE_TASK = "sira.propose"  # the worker's task (pipeline.worker)
 
 
@@ -172,7 +172,7 @@ def documents_to_send(engine: Engine, settings: Settings, prompt_version: str,
     out, left = [], 0
     for hit in engine.scan(settings.index.name, source=["sira"]):
         sira = hit["_source"].get("sira", {})
-        if sira.get("status") == "failed" and \
+        if sira.get("status") == FAILED and \
                 int(sira.get("attempts") or 0) >= settings.worker.max_doc_attempts:
             continue
         if sira.get("status") == QUEUED and sira.get("job") in live_jobs:
@@ -295,8 +295,8 @@ def reindex(
         counts = status_counts(engine, index, job)
     finally:
         beat(done=True)
-    summary.proposed = counts[enrich.PROPOSED] + counts[enrich.ENRICHED]
-    summary.failed = counts[enrich.FAILED]
+    summary.proposed = counts[PROPOSED] + counts[ENRICHED]
+    summary.failed = counts[FAILED]
     summary.taken_over = max(0, summary.sent - summary.proposed - summary.failed)
     sums = engine.aggregate(index, {"c": {"sum": {"field": "sira.calls"}},
                                     "m": {"sum": {"field": "sira.model_ms"}}},
@@ -305,7 +305,7 @@ def reindex(
     summary.model_s = float(sums["m"]["value"] or 0) / 1000
     reasons = engine.aggregate(index, {"r": {"terms": {"field": "sira.reason", "size": 5}}},
                                query={"bool": {"filter": [{"term": {"sira.job": job}},
-                                                          {"term": {"sira.status": "failed"}}]}})
+                                                          {"term": {"sira.status": FAILED}}]}})
     summary.failure_reasons = [(b["key"][:160], b["doc_count"]) for b in reasons["r"]["buckets"]]
     applied = enrich.apply(engine, settings)
     summary.enriched = applied.enriched

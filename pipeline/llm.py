@@ -86,6 +86,23 @@ def parse_keywords(content: str | None, finish_reason: str | None) -> list[str]:
     return words
 
 
+def _common(settings: LLMSettings, prompt: Prompt) -> dict:
+    return {"model": settings.model,
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "keywords", "schema": prompt.schema, "strict": True}},
+            "max_tokens": settings.max_tokens, "temperature": settings.temperature}
+
+
+def chat_request(settings: LLMSettings, prompt: Prompt, body: str, strict: bool = False
+                 ) -> dict:
+    """The body of one ``/v1/chat/completions`` request: what the online client sends and
+    what ``export-batch`` writes for ``vllm run-batch``, built in this one place."""
+    messages = prompt.messages(body)
+    if strict:
+        messages.append({"role": "user", "content": STRICT_REMINDER})
+    return {**_common(settings, prompt), "messages": messages}
+
+
 class ModelClient:
     def __init__(self, settings: LLMSettings, *, backoff: float = 0.5, backoff_max: float = 20.0):
         if not settings.url:
@@ -129,22 +146,12 @@ class ModelClient:
                 return response.json()
         raise AssertionError("unreachable")  # AsyncRetrying either returns or reraises
 
-    def _format(self, prompt: Prompt) -> dict:
-        return {"type": "json_schema",
-                "json_schema": {"name": "keywords", "schema": prompt.schema, "strict": True}}
-
     def _payload(self, prompt: Prompt, bodies: list[str], strict: bool) -> tuple[str, dict]:
         """Path and payload for one chat request, or one completions request for a list."""
-        common = {"model": self.model, "response_format": self._format(prompt),
-                  "max_tokens": self.settings.max_tokens,
-                  "temperature": self.settings.temperature}
         if self.settings.mode == "chat":
-            messages = prompt.messages(bodies[0])
-            if strict:
-                messages.append({"role": "user", "content": STRICT_REMINDER})
-            return "/chat/completions", {**common, "messages": messages}
+            return "/chat/completions", chat_request(self.settings, prompt, bodies[0], strict)
         raws = [prompt.raw(b) + (f"\n{STRICT_REMINDER}\n" if strict else "") for b in bodies]
-        return "/completions", {**common, "prompt": raws}
+        return "/completions", {**_common(self.settings, prompt), "prompt": raws}
 
     def _choices(self, data: dict, count: int) -> list[tuple[str | None, str | None]]:
         """(content, finish_reason) per input, in input order."""

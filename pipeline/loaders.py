@@ -20,6 +20,8 @@ from typing import Any
 import frontmatter
 import yaml
 
+from pipeline.schema import PENDING
+
 KNOWN_FIELDS = {"_id", "title", "text"}
 WIKILINK = re.compile(r"\[\[([^\]|#]+)(?:#[^\]|]*)?(?:\|([^\]]+))?\]\]")
 
@@ -39,7 +41,7 @@ class Document:
     def to_index(self) -> dict:
         """The stored form of a loaded document (status pending); enrichment comes later."""
         body: dict = {"_id": self.id, "title": self.title, "text": self.text,
-                      "sira": {"content_hash": self.content_hash, "status": "pending",
+                      "sira": {"content_hash": self.content_hash, "status": PENDING,
                                "indexed_at": now_iso()}}
         if self.meta:
             body["meta"] = self.meta

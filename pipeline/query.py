@@ -31,10 +31,9 @@ from pipeline.engine import Engine, mappings_dir
 from pipeline.llm import ModelClient
 from pipeline.profile import DEFAULT_W, Classes, Profile
 from pipeline.prompts import query_prompt
+from pipeline.schema import ENRICHED_FIELD, TEXT_FIELD
 
 TEMPLATE_ID = "sira-two-clause"
-TEXT_FIELD = terms.TEXT_FIELD  # title + text as one field, as Pyserini's BEIR "flat" index
-ENRICHED_FIELD = terms.ENRICHED_FIELD
 RRF_K = 60
 LEAF = re.compile(r"weight\((\w+):(.+?) in \d+\)")
 

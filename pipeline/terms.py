@@ -8,10 +8,9 @@ import re
 from dataclasses import dataclass
 
 from pipeline.engine import Engine
+from pipeline.schema import ENRICHED_FIELD, TEXT_FIELD  # noqa: F401 (re-exported)
 
 ANALYZER = "sira_english"
-TEXT_FIELD = "contents"  # title + text of a document as one field (copy_to)
-ENRICHED_FIELD = "enriched"  # title + text + both enrichment classes as one field (copy_to)
 WORD = re.compile(r"\w+(?:['’-]\w+)*")
 CLASSIFY_CHARS = 50_000  # how much of a long document is compared against its terms
 ECHO, BRIDGE = "echo", "bridge"
