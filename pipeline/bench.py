@@ -607,7 +607,7 @@ def latency(engine: Engine, settings: Settings, queries: dict[str, str],
     is timed apart; the model call is not part of this."""
     runner = Runner(engine, settings, sketches)
     applier = Applier(engine, settings, runner)
-    cap = applier(dfstats.Policy.from_settings(settings.enrich))
+    cap = applier(Profile.from_settings(settings.enrich).filter_policy())
     out: dict = {"queries": len(queries), "repeat": repeat}
     try:
         validate_ms, validated = [], {}

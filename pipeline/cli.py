@@ -26,7 +26,7 @@ from pipeline.profile import DEFAULT_W, Classes, Profile, ProfileError
 from pipeline.profile import META_KEY as PROFILE_META
 from pipeline.profile import read_file as read_profile
 from pipeline.profile import write_file as write_profile
-from pipeline.query import SearchResult, install_template, search
+from pipeline.query import SearchResult, install_template, search, template_params
 
 
 class _App(typer.Typer):
@@ -332,9 +332,8 @@ def profile_apply(
         out.print(f"  search now uses the new {', '.join(changed)}")
     applied = meta.get("sira_filter")
     wanted = profile.filter_policy()
-    if applied and (applied.get("policy"), applied.get("rank_k"), applied.get("ratio"),
-                    applied.get("absolute_cap")) != (wanted.kind, wanted.rank_k, wanted.ratio,
-                                                     wanted.absolute_cap):
+    if applied and dfstats.Policy(applied["policy"], applied["rank_k"], applied["ratio"],
+                                  applied["absolute_cap"]) != wanted:
         out.print(f"  the enrichment was written under another filter: `sira refilter --index "
                   f"{name}` applies {wanted.describe()} (no model calls)")
     bm25 = _index_bm25(engine, name)
@@ -362,12 +361,9 @@ def profile_show(ctx: typer.Context, index: IndexOpt = None) -> None:
              "apply": {"policy": profile.filter_policy().describe(),
                        "df_basis": settings.enrich.df_basis},
              "filter_in_force": meta.get("sira_filter"),
-             "template_params": {"w": profile.w, "skip_echo": profile.classes in
-                                 ("bridge", "none") or None, "skip_bridge": profile.classes
-                                 in ("echo", "none") or None},
+             "template_params": {k: v for k, v in template_params(
+                 "", w=profile.w, classes=profile.classes).items() if k.startswith(("w", "skip"))},
              "index_bm25": _index_bm25(engine, name)}
-    shown["template_params"] = {k: v for k, v in shown["template_params"].items()
-                                if v is not None}
     out.print_json(json.dumps(shown))
 
 

@@ -31,8 +31,8 @@ def redact_url(url: str) -> str:
 
 
 class RedactedRepr:
-    """Settings print their URLs without credentials (``redis://:secret@host`` -> host):
-    a settings object in a log line or a traceback shows no password."""
+    """Settings print their URLs without credentials (``redis://:secret@host`` ->
+    ``redis://***@host``): a settings object in a log line or a traceback shows no password."""
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         for name, value in super().__repr_args__():  # type: ignore[misc]

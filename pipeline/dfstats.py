@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pipeline.config import DfBasis, EnrichSettings, PolicyKind
+from pipeline.config import DfBasis, PolicyKind
 from pipeline.engine import Engine
 from pipeline.schema import ENRICHED_FIELD, TEXT_FIELD
 
@@ -42,10 +42,6 @@ class Policy:
     rank_k: int = 50
     ratio: float = 0.05
     absolute_cap: int = 50
-
-    @classmethod
-    def from_settings(cls, enrich: EnrichSettings) -> Policy:
-        return cls(enrich.policy, enrich.rank_k, enrich.ratio, enrich.absolute_cap)
 
     def describe(self) -> str:
         return {"none": "none", "ratio": f"ratio {self.ratio:g}",

@@ -28,14 +28,20 @@ RETRY_ON_STATUS = (429, 502, 503, 504)
 
 
 @cache
-def transient_errors() -> tuple[type[BaseException], ...]:
-    """Errors after which a whole operation may be tried again later (the engine was
-    unreachable). A function, so that importing this module does not import both clients."""
+def _unreachable_errors() -> tuple[type[BaseException], ...]:
+    """Both clients' errors for an engine that cannot be reached. Functions, so that
+    importing this module does not import both clients."""
     import elastic_transport
     import opensearchpy
 
     return (opensearchpy.ConnectionError, opensearchpy.ConnectionTimeout,
-            elastic_transport.ConnectionError, elastic_transport.ConnectionTimeout, OSError)
+            elastic_transport.ConnectionError, elastic_transport.ConnectionTimeout)
+
+
+def transient_errors() -> tuple[type[BaseException], ...]:
+    """Errors after which a whole operation may be tried again later (the engine was
+    unreachable)."""
+    return (*_unreachable_errors(), OSError)
 
 
 class EngineUnavailable(RuntimeError):
@@ -104,9 +110,15 @@ class Capabilities:
         return self.analysis != "english-nostem"
 
 
+def _error_body(exc: Any) -> Any:
+    """The response body of a refused request (``body`` in elasticsearch, ``info`` in
+    opensearch-py)."""
+    return exc.body if hasattr(exc, "body") else getattr(exc, "info", None)
+
+
 def _exception_reason(exc: Any) -> str:
     """The engine's own reason for a refused request (its error type and reason)."""
-    body = getattr(exc, "info", None) if not hasattr(exc, "body") else exc.body
+    body = _error_body(exc)
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return _failure_reason(body["error"])
     return str(exc)[:500]
@@ -511,21 +523,17 @@ def describe_error(exc: BaseException, url: str | None = None) -> str | None:
     """One line for an error the engine or the way to it caused (unreachable, credentials
     refused, no such index, a query over the clause limit, any refused request), naming the
     engine by its URL (never with credentials); None if ``exc`` is not such an error."""
-    import elastic_transport
     import elasticsearch
     import opensearchpy
 
     where = f" at {redact_url(url)}" if url else ""
-    unreachable = (opensearchpy.ConnectionError, opensearchpy.ConnectionTimeout,
-                   elastic_transport.ConnectionError, elastic_transport.ConnectionTimeout)
-    if isinstance(exc, unreachable):
+    if isinstance(exc, _unreachable_errors()):
         detail = str(getattr(exc, "info", None) or exc).splitlines()[0][:200]
         return f"cannot reach the engine{where}: {detail}"
     if isinstance(exc, SearchRefused):
         status, reason, body = exc.status, _failure_reason(exc.error), {"error": exc.error}
     elif isinstance(exc, opensearchpy.TransportError | elasticsearch.ApiError):
-        status, reason = _status(exc), _exception_reason(exc)
-        body = getattr(exc, "info", None) if not hasattr(exc, "body") else exc.body
+        status, reason, body = _status(exc), _exception_reason(exc), _error_body(exc)
     else:
         return None
     if status == 401:

@@ -136,8 +136,9 @@ class ProposeSummary:
     rejected: list[ItemFailure] = field(default_factory=list)
 
     def line(self) -> str:
+        refused = f", {len(self.rejected)} rejected by the engine" if self.rejected else ""
         return (f"{self.considered} documents: {self.proposed} proposed, {self.failed} failed, "
-                f"{self.unchanged} unchanged (not sent); {self.model_calls} model calls")
+                f"{self.unchanged} unchanged (not sent){refused}; {self.model_calls} model calls")
 
 
 def propose(engine: Engine, settings: Settings, client: ModelClient, *,
@@ -162,7 +163,6 @@ def propose(engine: Engine, settings: Settings, client: ModelClient, *,
         first = client.first_requests(len(todo))
         todo, claimed = claim(engine, index, todo, sources, first, job)
         summary.rejected += claimed.failures  # not sent: it could not have been stored
-        summary.considered -= claimed.failed
         first = client.first_requests(len(todo))
         started = time.monotonic()
         answers = client.keywords(prompt, [
@@ -267,9 +267,9 @@ def enrichment_fields(kept: list[dict]) -> tuple[list[str], list[str]]:
 def apply(engine: Engine, settings: Settings, policy: dfstats.Policy | None = None,
           basis: DfBasis | None = None, table: TermTable | None = None) -> ApplySummary:
     """Write the enrichment fields of every proposed document under ``policy`` (default: the
-    index's profile), streaming
-    the documents; only those whose enrichment or status changes are written. ``table``:
-    statistics computed before (the bench tries many policies on the same proposals)."""
+    index's profile), streaming the documents; only those whose enrichment or status changes
+    are written. ``table``: statistics computed before (the bench tries many policies on the
+    same proposals)."""
     index = settings.index.name
     if policy is None:  # the one in the index's profile (pipeline.profile)
         policy = Profile.for_index(engine.get_meta(index), settings).filter_policy()

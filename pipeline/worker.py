@@ -19,8 +19,6 @@ from pipeline.engine import Engine, transient_errors
 from pipeline.jobs import PROPOSE_TASK
 from pipeline.llm import ModelClient
 
-PROPOSE = PROPOSE_TASK
-
 
 def broker_url(settings: Settings) -> str:
     return settings.worker.broker_url or "filesystem://"
@@ -81,7 +79,7 @@ def _resources() -> tuple[Settings, Engine, ModelClient]:
     return settings, Engine.from_settings(settings), ModelClient(settings.llm)
 
 
-@app.task(name=PROPOSE, bind=True, autoretry_for=transient_errors(),
+@app.task(name=PROPOSE_TASK, bind=True, autoretry_for=transient_errors(),
           retry_backoff=True, retry_backoff_max=120, retry_jitter=True, max_retries=8)
 def propose_task(self, index: str, ids: list[str], job: str | None = None) -> dict:
     settings, engine, client = _resources()

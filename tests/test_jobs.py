@@ -71,6 +71,22 @@ def run_job(engine: Engine, settings: Settings, source: Path | None, workers: in
         return reindex(engine, settings, str(source) if source else None, timeout=timeout)
 
 
+def job_in_background(engine: Engine, settings: Settings, source: Path,
+                      timeout: float) -> tuple[threading.Thread, dict]:
+    """The job in a thread; its summary, or the JobFailed it ended with, lands in the dict."""
+    result: dict = {}
+
+    def job() -> None:
+        try:
+            result["summary"] = reindex(engine, settings, str(source), timeout=timeout)
+        except JobFailed as exc:
+            result["failed"] = exc
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    return thread, result
+
+
 def enriched_docs(engine: Engine, index: str) -> dict[str, dict]:
     return {h["_id"]: h["_source"] for h in engine.scan(
         index, source=["sira", "proposed_terms", "enrich_echo", "enrich_bridge"])}
@@ -179,18 +195,9 @@ def test_redis_restart_during_a_job(opensearch: Engine, tmp_path: Path) -> None:
         settings = make_settings(tmp_path, opensearch, broker, model, requeue_after=4.0)
         corpus = write_corpus(tmp_path / "c.jsonl", 500)
         index = settings.index.name
-        result: dict = {}
         try:
             with LocalWorkers(settings, 2):
-                def job() -> None:
-                    try:
-                        result["summary"] = reindex(opensearch, settings, str(corpus),
-                                                    timeout=240)
-                    except JobFailed as exc:
-                        result["failed"] = exc
-
-                thread = threading.Thread(target=job)
-                thread.start()
+                thread, result = job_in_background(opensearch, settings, corpus, 240)
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline:
                     time.sleep(0.2)
@@ -287,18 +294,9 @@ def test_a_write_block_ends_the_job_naming_it(opensearch: Engine, redis: RedisSe
         settings = make_settings(tmp_path, opensearch, redis, model, requeue_after=3.0)
         corpus = write_corpus(tmp_path / "c.jsonl", 600)
         index = settings.index.name
-        result: dict = {}
         try:
             with LocalWorkers(settings, 2):
-                def job() -> None:
-                    try:
-                        result["summary"] = reindex(opensearch, settings, str(corpus),
-                                                    timeout=300)
-                    except JobFailed as exc:
-                        result["failed"] = exc
-
-                thread = threading.Thread(target=job)
-                thread.start()
+                thread, result = job_in_background(opensearch, settings, corpus, 300)
                 wait_for(lambda: proposed_count(opensearch, index) >= 64)
                 block_writes(opensearch, index, True)
                 blocked_at = time.monotonic()
