@@ -2,9 +2,10 @@
 
 The Python API is the one the CLI and the bench use::
 
-    from pipeline import Engine, Settings, search
-    settings = Settings()
-    result = search(Engine.from_settings(settings), settings, "why is my cluster yellow")
+    from pipeline import Settings, search
+    from pipeline.local import connect
+    settings = Settings()  # SIRA_* variables; no SIRA_ENGINE__URL: the local engine
+    result = search(connect(settings), settings, "why is my cluster yellow")
 """
 
 from pipeline.config import Settings

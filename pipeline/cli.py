@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,12 +16,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipeline import batchfiles, dfstats, enrich, servers
-from pipeline.config import DfBasis, EngineKind, PolicyKind, Settings, Stance, redact_url
+from pipeline import batchfiles, enrich, local, policies
+from pipeline.config import DfBasis, EngineKind, Settings, Stance, redact_url
 from pipeline.engine import Engine, EngineUnavailable, describe_error
 from pipeline.jobs import IndexSummary, JobFailed, JobSummary, index_corpus, merge_line, reindex
 from pipeline.llm import ModelClient, NotConfigured
 from pipeline.loaders import CorpusError, count_items, is_beir_folder, load_queries
+from pipeline.local import servers
+from pipeline.policies import PolicyKind
 from pipeline.profile import DEFAULT_W, Classes, Profile, ProfileError
 from pipeline.profile import META_KEY as PROFILE_META
 from pipeline.profile import read_file as read_profile
@@ -78,11 +80,19 @@ IndexOpt = Annotated[str | None, typer.Option("--index", help="Index name (else 
                                               "--index, else SIRA_INDEX__NAME).")]
 
 
+def _with(settings: Settings, **sections: dict) -> Settings:
+    """New settings with some values of some sections replaced. Settings are resolved here,
+    at the edge, and the steps get them whole: nothing changes them afterwards."""
+    return settings.model_copy(update={
+        name: getattr(settings, name).model_copy(update=values)
+        for name, values in sections.items()})
+
+
 def _settings(ctx: typer.Context, index: str | None = None) -> Settings:
     """The settings built by the main callback, with a command's own --index applied."""
     settings: Settings = ctx.obj
     if index:
-        settings.index = settings.index.model_copy(update={"name": index})
+        settings = _with(settings, index={"name": index})
     return settings
 
 
@@ -100,17 +110,17 @@ def main(
     settings = Settings()
     engine_update = {k: v for k, v in {"url": engine_url, "kind": engine_kind}.items() if v}
     if engine_update:
-        settings.engine = settings.engine.model_copy(update=engine_update)
+        settings = _with(settings, engine=engine_update)
     if index:
-        settings.index = settings.index.model_copy(update={"name": index})
+        settings = _with(settings, index={"name": index})
     if state_dir:
-        settings.state_dir = state_dir
+        settings = settings.model_copy(update={"state_dir": state_dir})
     ctx.obj = settings
 
 
 def _connect(settings: Settings) -> Engine:
     try:
-        engine = Engine.from_settings(settings, local_name=LOCAL)
+        engine = local.connect(settings, local_name=LOCAL)
         _CONNECTED["url"] = engine.url
         return engine
     except EngineUnavailable as exc:
@@ -189,13 +199,35 @@ def _print_problems(summary: IndexSummary, limit: int = 20) -> None:
         err.print(f"... and {len(problems) - limit} more")
 
 
+class _Bars:
+    """Progress bars on stderr, gone when the step is done."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+
+    def bar(self, label: str, total: int | None = None) -> Callable[..., None]:
+        """A bar of ``total`` items; call it with how many were done (default one)."""
+        task = self.progress.add_task(label, total=total)
+        return lambda n=1: self.progress.advance(task, n)
+
+    def counter(self, label: str) -> Callable[[int, int], None]:
+        """A bar whose total is learnt as it goes; call it with (done, total)."""
+        task = self.progress.add_task(label, total=None)
+        return lambda done, total: self.progress.update(task, completed=done, total=total)
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[_Bars]:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True) as progress:
+        yield _Bars(progress)
+
+
 def _index(settings: Settings, engine: Engine, path: Path, recreate: bool) -> IndexSummary:
     total = count_items(path)
-    with Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=True) as progress:
-        task = progress.add_task("index", total=total)
+    with _progress() as bars:
         summary = index_corpus(engine, settings, path, recreate=recreate,
-                               on_doc=lambda: progress.advance(task))
+                               on_doc=bars.bar("indexing", total))
     _print_problems(summary)
     out.print(f"{settings.index.name}: {summary.line()}")
     return summary
@@ -213,7 +245,7 @@ def index_cmd(
     """Load a corpus into the index (created from mappings/ if missing)."""
     settings = _settings(ctx, index)
     if shards:
-        settings.index = settings.index.model_copy(update={"shards": shards})
+        settings = _with(settings, index={"shards": shards})
     engine = _connect(settings)
     try:
         summary = _index(settings, engine, path, recreate)
@@ -332,8 +364,7 @@ def profile_apply(
         out.print(f"  search now uses the new {', '.join(changed)}")
     applied = meta.get("sira_filter")
     wanted = profile.filter_policy()
-    if applied and dfstats.Policy(applied["policy"], applied["rank_k"], applied["ratio"],
-                                  applied["absolute_cap"]) != wanted:
+    if applied and policies.from_values(applied) != wanted:
         out.print(f"  the enrichment was written under another filter: `sira refilter --index "
                   f"{name}` applies {wanted.describe()} (no model calls)")
     bm25 = _index_bm25(engine, name)
@@ -371,18 +402,17 @@ def profile_show(ctx: typer.Context, index: IndexOpt = None) -> None:
 
 
 def _policy_options(settings: Settings, policy: PolicyKind | None, k: int | None,
-                    ratio: float | None, cap: int | None, basis: DfBasis | None) -> dict:
-    """Put the filter flags into the settings (``stats`` shows every policy with them) and
-    return those given, to override the index's profile with."""
+                    ratio: float | None, cap: int | None, basis: DfBasis | None
+                    ) -> tuple[Settings, dict]:
+    """The settings with the filter flags (``stats`` shows every policy with them), and the
+    flags given, to override the index's profile with."""
     given = {key: value for key, value in {
         "policy": policy, "rank_k": k, "ratio": ratio, "absolute_cap": cap,
     }.items() if value is not None}
-    settings.enrich = settings.enrich.model_copy(
-        update=given | ({"df_basis": basis} if basis else {}))
-    return given
+    return _with(settings, enrich=given | ({"df_basis": basis} if basis else {})), given
 
 
-def _filter_policy(engine: Engine, settings: Settings, flags: dict) -> dfstats.Policy:
+def _filter_policy(engine: Engine, settings: Settings, flags: dict) -> policies.Policy:
     """The policy apply writes with: the command's flags over the index's profile."""
     stored = Profile.for_index(engine.get_meta(settings.index.name), settings)
     try:
@@ -391,11 +421,13 @@ def _filter_policy(engine: Engine, settings: Settings, flags: dict) -> dfstats.P
         raise _fail(str(exc)) from exc
 
 
-PolicyOpt = Annotated[PolicyKind | None, typer.Option(help="DF filter: none, ratio, absolute, "
-                                                      "rank (default rank).")]
-KOpt = Annotated[int | None, typer.Option("--k", help="rank: drop the K most common terms.")]
-RatioOpt = Annotated[float | None, typer.Option(help="ratio: drop DF > ratio x documents.")]
-CapOpt = Annotated[int | None, typer.Option(help="absolute: drop DF > cap.")]
+PolicyOpt = Annotated[PolicyKind | None, typer.Option(
+    help=f"DF filter: {', '.join(policies.KINDS)} (default {policies.DEFAULT_KIND}).")]
+KOpt = Annotated[int | None, typer.Option(*policies.Rank.option[:1], help=policies.Rank.option[1])]
+RatioOpt = Annotated[float | None, typer.Option(*policies.Ratio.option[:1],
+                                                help=policies.Ratio.option[1])]
+CapOpt = Annotated[int | None, typer.Option(*policies.Absolute.option[:1],
+                                            help=policies.Absolute.option[1])]
 BasisOpt = Annotated[DfBasis | None, typer.Option(help="What DF counts: text, proposals, both.")]
 
 
@@ -430,19 +462,17 @@ def enrich_cmd(
     """Propose terms for every document that needs them (model), then apply the DF filter."""
     settings = _settings(ctx, index)
     if stance:
-        settings.enrich = settings.enrich.model_copy(update={"stance": stance})
-    flags = _policy_options(settings, policy, k, ratio, cap, basis)
+        settings = _with(settings, enrich={"stance": stance})
+    settings, flags = _policy_options(settings, policy, k, ratio, cap, basis)
     try:
         client = ModelClient(settings.llm)
     except NotConfigured as exc:
         raise _fail(str(exc)) from exc
     engine = _connect(settings)
     total = engine.count(settings.index.name)
-    with Progress(TextColumn("proposing"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=True) as progress:
-        task = progress.add_task("propose", total=total)
+    with _progress() as bars:
         proposed = enrich.propose(engine, settings, client,
-                                  on_progress=lambda n: progress.advance(task, n))
+                                  on_progress=bars.bar("proposing", total))
     for reason, count in proposed.reasons.most_common(5):
         err.print(f"failed {count} document(s): {reason}")
     out.print(f"propose: {proposed.line()}")
@@ -459,7 +489,7 @@ def refilter_cmd(ctx: typer.Context, policy: PolicyOpt = None, k: KOpt = None,
                  index: IndexOpt = None, force_merge: MergeOpt = False) -> None:
     """Re-apply the DF filter to the stored proposals (no model calls)."""
     settings = _settings(ctx, index)
-    flags = _policy_options(settings, policy, k, ratio, cap, basis)
+    settings, flags = _policy_options(settings, policy, k, ratio, cap, basis)
     engine = _connect(settings)
     _print_apply(enrich.apply(engine, settings, _filter_policy(engine, settings, flags)))
     if force_merge:
@@ -471,7 +501,7 @@ def stats_cmd(ctx: typer.Context, k: KOpt = None, ratio: RatioOpt = None, cap: C
               basis: BasisOpt = None, index: IndexOpt = None) -> None:
     """Proposals per document, echo vs bridge, what each policy would drop, DF histogram."""
     settings = _settings(ctx, index)
-    _policy_options(settings, None, k, ratio, cap, basis)
+    settings, _ = _policy_options(settings, None, k, ratio, cap, basis)
     out.print_json(json.dumps(enrich.stats(_connect(settings), settings)))
 
 
@@ -521,19 +551,13 @@ def import_proposals_cmd(
 
 def _run_job(settings: Settings, engine: Engine, source: str | None, workers: int,
              timeout: float | None, force_merge: bool = False) -> JobSummary:
-    from pipeline.localworkers import LocalWorkers
+    from pipeline.local.workers import LocalWorkers
 
     if workers:
         where = redact_url(settings.worker.broker_url or "") or "the embedded broker (filesystem)"
         out.print(f"starting {workers} local worker(s) on {where}")
-    with Progress(TextColumn("documents proposed or failed"), BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), console=err,
-                  transient=True) as progress:
-        task = progress.add_task("job", total=None)
-
-        def show(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
-
+    with _progress() as bars:
+        show = bars.counter("documents proposed or failed")
         with LocalWorkers(settings, workers) if workers else contextlib.nullcontext():
             return reindex(engine, settings, source, on_progress=show, timeout=timeout,
                            force_merge=force_merge)
@@ -555,7 +579,7 @@ def reindex_cmd(
     """Copy documents into the target, enrich them with Celery workers, apply the filter.
     Re-running resumes: only pending, failed-and-retryable or changed documents are sent."""
     settings = _settings(ctx)
-    settings.index = settings.index.model_copy(update={"name": target})
+    settings = _with(settings, index={"name": target})
     if not settings.llm.url:
         raise _fail("no model server configured: set SIRA_LLM__URL (an OpenAI-compatible "
                     "/v1 URL), or import recorded proposals with `sira import-proposals`")
@@ -585,9 +609,9 @@ def _bench_settings(ctx: typer.Context, dataset: Path, proposals: Path | None, k
     from pipeline import bench
 
     settings = _settings(ctx)
-    settings.index = settings.index.model_copy(update={"bm25_k1": k1, "bm25_b": b})
+    settings = _with(settings, index={"bm25_k1": k1, "bm25_b": b})
     key = bench.bench_key(dataset, proposals, settings)
-    settings.index = settings.index.model_copy(update={"name": f"bench-{dataset.name}-{key}"})
+    settings = _with(settings, index={"name": f"bench-{dataset.name}-{key}"})
     return settings
 
 
@@ -621,16 +645,11 @@ def bench_cmd(
 
     settings = _bench_settings(ctx, dataset, proposals, k1, b)
     engine = _connect(settings)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=True) as progress:
-        def track(label: str, total: int | None) -> Callable[[], None]:
-            task = progress.add_task(label, total=total)
-            return lambda: progress.advance(task)
-
+    with _progress() as bars:
         try:
             report, runs = bench.bench(engine, settings, dataset, proposals=proposals,
                                        sketches_path=sketches, split=split,
-                                       dev_split=dev_split, recreate=recreate, progress=track,
+                                       dev_split=dev_split, recreate=recreate, progress=bars.bar,
                                        max_sketch_terms=max_sketch_terms)
         except CorpusError as exc:
             raise _fail(str(exc)) from exc
@@ -663,12 +682,11 @@ def bench_latency_cmd(
     engine = _connect(settings)
     queries, _ = bench.beir_split(dataset, split)
     known = set(load_queries(dataset / "queries.jsonl"))
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=True) as progress:
+    with _progress() as bars:
         bench.prepare_index(engine, settings, dataset, proposals, recreate=False)
-        task = progress.add_task("searching", total=len(queries) * repeat * 2)
         figures = bench.latency(engine, settings, queries, bench.load_sketches(sketches, known),
-                                w=w, repeat=repeat, tick=lambda: progress.advance(task),
+                                w=w, repeat=repeat,
+                                tick=bars.bar("searching", len(queries) * repeat * 2),
                                 max_sketch_terms=max_sketch_terms)
     out.print(f"{dataset.name}, {engine.kind}: {figures['queries']} queries x {repeat}, "
               f"{figures['expansion_phrases']:.1f} sketch phrases ({figures['expansion_terms']:.1f}"
@@ -730,7 +748,7 @@ def demo(
             raise _fail(str(exc)) from exc
         out.print(f"local OpenSearch {record.version} at {record.url}")
     if settings.index.name == "sira":
-        settings.index = settings.index.model_copy(update={"name": "sira-sample"})
+        settings = _with(settings, index={"name": "sira-sample"})
     engine = _connect(settings)
     assert is_beir_folder(SAMPLE), f"the sample collection is missing from {SAMPLE}"
     if settings.llm.url:

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from pipeline.policies import PolicyKind
+
 EngineKind = Literal["opensearch", "elasticsearch"]
 
 
@@ -84,13 +86,13 @@ class LLMSettings(RedactedRepr, BaseModel):
     connect_timeout: float = 10.0
     read_timeout: float = 180.0
     search_timeout: float = 10.0  # the query-side sketch: one attempt, then search without it
+    sketch_phrases: int = Field(default=10, ge=1, le=50)  # phrases the query-side sketch asks for
     max_attempts: int = Field(default=5, ge=1)  # per request, for 429/5xx/timeouts
     max_tokens: int = 512
     temperature: float = 0.0
 
 
 Stance = Literal["new", "new+key"]
-PolicyKind = Literal["none", "ratio", "absolute", "rank"]
 DfBasis = Literal["text", "proposals", "both"]
 
 

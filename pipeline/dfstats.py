@@ -11,21 +11,14 @@ What a DF counts (``basis``):
 - ``both``: documents with either — a term common in the text *or* proposed everywhere is
   common.
 
-Every policy comes down to a DF cap (a term is kept when DF <= cap):
-- ``none``: no cap;
-- ``ratio``: cap = int(ratio x documents) — the reference; grows with the collection;
-- ``absolute``: a fixed cap;
-- ``rank``: drop the K most common candidate terms: cap = DF of the K-th most common - 1
-  (terms tied with it go too). A term found in a single document is never dropped.
+The filter policies built on them are in ``pipeline.policies``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass
 
-from pipeline.config import DfBasis, PolicyKind
+from pipeline.config import DfBasis
 from pipeline.engine import Engine
 from pipeline.schema import ENRICHED_FIELD, TEXT_FIELD
 
@@ -34,39 +27,6 @@ TEXT_FIELDS = [TEXT_FIELD]
 # found in one of them (copy_to keeps values apart), with a third of the lookups
 ENRICHED_FIELDS = [ENRICHED_FIELD]
 BATCH = 500  # candidates per filters aggregation request
-
-
-@dataclass(frozen=True)
-class Policy:
-    kind: PolicyKind = "rank"
-    rank_k: int = 50
-    ratio: float = 0.05
-    absolute_cap: int = 50
-
-    def describe(self) -> str:
-        return {"none": "none", "ratio": f"ratio {self.ratio:g}",
-                "absolute": f"absolute {self.absolute_cap}",
-                "rank": f"rank K={self.rank_k}"}[self.kind]
-
-    def cap(self, n_docs: int, dfs: Iterable[int]) -> int | None:
-        """The largest DF a kept term may have; None means no cap."""
-        if self.kind == "none":
-            return None
-        if self.kind == "ratio":
-            return int(n_docs * self.ratio)
-        if self.kind == "absolute":
-            return self.absolute_cap
-        if self.rank_k == 0:
-            return None
-        ranked = sorted(dfs, reverse=True)
-        if not ranked:
-            return None
-        kth = ranked[min(self.rank_k, len(ranked)) - 1]
-        return max(kth - 1, 1)
-
-
-def keeps(df: int, cap: int | None) -> bool:
-    return cap is None or df <= cap
 
 
 def _clause(text: str, norm: str, basis: DfBasis, fields: list[str]) -> dict:

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from pipeline.config import EngineKind, EngineSettings, IndexSettings, Settings, redact_url
+from pipeline.config import EngineKind, EngineSettings, IndexSettings, redact_url
 
 RETRY_ON_STATUS = (429, 502, 503, 504)
 
@@ -134,10 +134,92 @@ def _failure_reason(error: Any) -> str:
     return str(error)
 
 
+class _Elasticsearch:
+    """What the ``elasticsearch`` client spells differently."""
+
+    kind: EngineKind = "elasticsearch"
+
+    @staticmethod
+    def make(url: str, engine: EngineSettings, password: str | None, api_key: str | None,
+             tls: dict[str, Any], common: dict[str, Any]) -> Any:
+        from elasticsearch import Elasticsearch
+
+        auth: dict[str, Any] = {}
+        if engine.username and password:
+            auth["basic_auth"] = (engine.username, password)
+        if api_key:
+            auth["api_key"] = api_key
+        return Elasticsearch(url, **auth, **(tls if url.startswith("https") else {}), **common)
+
+    @staticmethod
+    def request(client: Any, method: str, path: str, body: Any) -> Any:
+        headers = {"accept": "application/json"}
+        if body is not None:
+            headers["content-type"] = "application/json"
+        return client.perform_request(method, path, headers=headers, body=body).body
+
+    @staticmethod
+    def forcemerge(client: Any, name: str) -> None:
+        client.options(request_timeout=3600).indices.forcemerge(index=name, max_num_segments=1)
+
+    @staticmethod
+    def get(client: Any, index: str, doc_id: str) -> Any:
+        return client.options(ignore_status=404).get(index=index, id=doc_id)
+
+    @staticmethod
+    def helpers() -> Any:
+        from elasticsearch import helpers
+
+        return helpers
+
+
+class _OpenSearch:
+    """What the ``opensearch-py`` client spells differently."""
+
+    kind: EngineKind = "opensearch"
+
+    @staticmethod
+    def make(url: str, engine: EngineSettings, password: str | None, api_key: str | None,
+             tls: dict[str, Any], common: dict[str, Any]) -> Any:
+        from opensearchpy import OpenSearch
+
+        auth: dict[str, Any] = {}
+        if engine.username and password:
+            auth["http_auth"] = (engine.username, password)
+        headers = {"Authorization": f"ApiKey {api_key}"} if api_key else None
+        if url.startswith("https"):
+            tls = {**tls, "use_ssl": True, "ssl_show_warn": engine.verify_certs}
+        else:
+            tls = {}
+        return OpenSearch([url], headers=headers, **auth, **tls, **common)
+
+    @staticmethod
+    def request(client: Any, method: str, path: str, body: Any) -> Any:
+        return client.transport.perform_request(method, path, body=body)
+
+    @staticmethod
+    def forcemerge(client: Any, name: str) -> None:
+        client.indices.forcemerge(index=name, max_num_segments=1, request_timeout=3600)
+
+    @staticmethod
+    def get(client: Any, index: str, doc_id: str) -> Any:
+        return client.get(index=index, id=doc_id, ignore=404)
+
+    @staticmethod
+    def helpers() -> Any:
+        from opensearchpy import helpers
+
+        return helpers
+
+
+CLIENTS = {c.kind: c for c in (_Elasticsearch, _OpenSearch)}
+
+
 class Engine:
     def __init__(self, client: Any, kind: EngineKind, url: str):
         self.client = client
         self.kind = kind
+        self.vendor = CLIENTS[kind]
         self.url = redact_url(url)
 
     # -- connecting ----------------------------------------------------------------------
@@ -147,8 +229,6 @@ class Engine:
         url = url or engine.url
         if not url:
             raise EngineUnavailable("no engine URL given")
-        auth: dict[str, Any] = {}
-        headers: dict[str, str] = {}
         password, api_key = _secret(engine.password), _secret(engine.api_key)
         if password and api_key:
             raise EngineUnavailable("set SIRA_ENGINE__PASSWORD or SIRA_ENGINE__API_KEY, not both")
@@ -161,55 +241,8 @@ class Engine:
             "max_retries": 3,
             "retry_on_status": RETRY_ON_STATUS,
         }
-        if engine.kind == "elasticsearch":
-            from elasticsearch import Elasticsearch
-
-            if engine.username and password:
-                auth["basic_auth"] = (engine.username, password)
-            if api_key:
-                auth["api_key"] = api_key
-            if not url.startswith("https"):
-                tls = {}
-            client = Elasticsearch(url, **auth, **tls, **common)
-        else:
-            from opensearchpy import OpenSearch
-
-            if engine.username and password:
-                auth["http_auth"] = (engine.username, password)
-            if api_key:
-                headers["Authorization"] = f"ApiKey {api_key}"
-            if url.startswith("https"):
-                tls["use_ssl"] = True
-                tls["ssl_show_warn"] = engine.verify_certs
-            else:
-                tls = {}
-            client = OpenSearch([url], headers=headers or None, **auth, **tls, **common)
+        client = CLIENTS[engine.kind].make(url, engine, password, api_key, tls, common)
         return cls(client, engine.kind, url)
-
-    @classmethod
-    def from_settings(cls, settings: Settings, local_name: str = "local") -> Engine:
-        """The configured engine, or else the local one ``sira engine start`` recorded."""
-        if settings.engine.url:
-            return cls.connect(settings.engine)
-        from pipeline import servers
-
-        record = servers.load_record(settings.state_dir, local_name)
-        if record is None:
-            raise EngineUnavailable(
-                "no engine configured: set SIRA_ENGINE__URL (and SIRA_ENGINE__KIND), "
-                f"or start a local one with `sira engine start --name {local_name}`"
-            )
-        if not servers.is_running(record):
-            raise EngineUnavailable(
-                f"the local engine '{local_name}' recorded at {record.url} is not running "
-                f"(process {record.pid} is gone): start it with `sira engine start --name "
-                f"{local_name}`")
-        local = settings.engine.model_copy(
-            update={"kind": record.kind, "url": record.url, "username": record.username,
-                    "password": SecretStr(record.password) if record.password else None,
-                    "ca_file": record.ca_file}
-        )
-        return cls.connect(local)
 
     def close(self) -> None:
         self.client.close()
@@ -218,12 +251,7 @@ class Engine:
         return dict(self.client.cluster.health())
 
     def _request(self, method: str, path: str, body: Any = None) -> Any:
-        if self.kind == "elasticsearch":
-            headers = {"accept": "application/json"}
-            if body is not None:
-                headers["content-type"] = "application/json"
-            return self.client.perform_request(method, path, headers=headers, body=body).body
-        return self.client.transport.perform_request(method, path, body=body)
+        return self.vendor.request(self.client, method, path, body)
 
     @cached_property
     def capabilities(self) -> Capabilities:
@@ -295,12 +323,7 @@ class Engine:
         ``wait_s`` has passed; returns what is left."""
         deadline = time.monotonic() + wait_s
         while True:
-            if self.kind == "elasticsearch":
-                self.client.options(request_timeout=3600).indices.forcemerge(
-                    index=name, max_num_segments=1)
-            else:
-                self.client.indices.forcemerge(index=name, max_num_segments=1,
-                                               request_timeout=3600)
+            self.vendor.forcemerge(self.client, name)
             self.refresh(name)
             state = self.segments(name)
             if state["deleted_docs"] == 0 or time.monotonic() > deadline:
@@ -311,13 +334,6 @@ class Engine:
         return dict(self.client.indices.get_mapping(index=name))[name]["mappings"]
 
     # -- writes --------------------------------------------------------------------------
-
-    def _helpers(self) -> Any:
-        if self.kind == "elasticsearch":
-            from elasticsearch import helpers
-        else:
-            from opensearchpy import helpers
-        return helpers
 
     def _bulk(self, actions: Iterable[dict], chunk_size: int) -> BulkResult:
         result = BulkResult()
@@ -334,7 +350,7 @@ class Engine:
         failures: list[ItemFailure] = []
         ok = 0
         requests = [{k: v for k, v in action.items() if k != "_where"} for action in chunk]
-        for success, item in self._helpers().streaming_bulk(
+        for success, item in self.vendor.helpers().streaming_bulk(
             self.client, requests, chunk_size=len(chunk), max_retries=3,
             initial_backoff=1, raise_on_error=False, raise_on_exception=False,
         ):
@@ -427,11 +443,7 @@ class Engine:
 
     def get(self, index: str, doc_id: str) -> dict | None:
         """The stored source of one document, or None."""
-        if self.kind == "elasticsearch":
-            found = self.client.options(ignore_status=404).get(index=index, id=doc_id)
-        else:
-            found = self.client.get(index=index, id=doc_id, ignore=404)
-        found = dict(found)
+        found = dict(self.vendor.get(self.client, index, doc_id))
         return found.get("_source") if found.get("found") else None
 
     def scan(self, index: str, query: dict | None = None, source: list[str] | bool | None = None,
@@ -440,7 +452,7 @@ class Engine:
         body: dict[str, Any] = {"query": query or {"match_all": {}}}
         if source is not None:
             body["_source"] = source
-        yield from self._helpers().scan(self.client, index=index, query=body, size=batch,
+        yield from self.vendor.helpers().scan(self.client, index=index, query=body, size=batch,
                                         preserve_order=False)
 
     def mget(self, index: str, ids: list[str], source: list[str] | None = None

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 
-from pipeline import dfstats, terms
+from pipeline import dfstats, policies, terms
 from pipeline.config import DfBasis, Settings
 from pipeline.engine import BulkResult, Engine, ItemFailure
 from pipeline.llm import ModelClient
@@ -255,7 +255,7 @@ class ApplySummary:
 
 
 def kept_terms(stored: list[dict], df: dict[str, int], cap: int | None) -> list[dict]:
-    return [t for t in stored if dfstats.keeps(df.get(t["norm"], 0), cap)]
+    return [t for t in stored if policies.keeps(df.get(t["norm"], 0), cap)]
 
 
 def enrichment_fields(kept: list[dict]) -> tuple[list[str], list[str]]:
@@ -264,7 +264,7 @@ def enrichment_fields(kept: list[dict]) -> tuple[list[str], list[str]]:
             [t["text"] for t in kept if t["class"] == terms.BRIDGE])
 
 
-def apply(engine: Engine, settings: Settings, policy: dfstats.Policy | None = None,
+def apply(engine: Engine, settings: Settings, policy: policies.Policy | None = None,
           basis: DfBasis | None = None, table: TermTable | None = None) -> ApplySummary:
     """Write the enrichment fields of every proposed document under ``policy`` (default: the
     index's profile), streaming the documents; only those whose enrichment or status changes
@@ -302,8 +302,7 @@ def apply(engine: Engine, settings: Settings, policy: dfstats.Policy | None = No
     summary.updated = result.ok
     summary.rejected = result.failures
     engine.put_meta(index, {"sira_filter": {
-        "policy": policy.kind, "rank_k": policy.rank_k, "ratio": policy.ratio,
-        "absolute_cap": policy.absolute_cap, "basis": basis, "cap": cap,
+        **policy.stored(), "basis": basis, "cap": cap,
         "documents": table.n_docs, "applied_at": at}})
     engine.refresh(index)
     summary.enriched = engine.count(index, {"term": {"sira.status": ENRICHED}})
@@ -330,13 +329,12 @@ def stats(engine: Engine, settings: Settings) -> dict:
         n_terms += len(stored)
         classes.update(t["class"] for t in stored)
         kept_now += len(source.get("enrich_echo", [])) + len(source.get("enrich_bridge", []))
-    policies = {}
-    for p in (dfstats.Policy("none"), dfstats.Policy("ratio", ratio=e.ratio),
-              dfstats.Policy("absolute", absolute_cap=e.absolute_cap),
-              dfstats.Policy("rank", rank_k=e.rank_k)):
+    by_policy = {}
+    for kind in policies.KINDS:
+        p = policies.make(kind, **e.model_dump())
         cap = p.cap(table.n_docs, table.df.values())
-        dropped = [n for n, df in table.df.items() if not dfstats.keeps(df, cap)]
-        policies[p.describe()] = {"cap": cap, "distinct_terms_dropped": len(dropped)}
+        dropped = [n for n, df in table.df.items() if not policies.keeps(df, cap)]
+        by_policy[p.describe()] = {"cap": cap, "distinct_terms_dropped": len(dropped)}
     histogram = {}
     for low, high in DF_BINS:
         label = f"{low}" if low == high else (f"{low}-{high}" if high else f">{low - 1}")
@@ -351,6 +349,6 @@ def stats(engine: Engine, settings: Settings) -> dict:
         "bridge_share": round(classes["bridge"] / n_terms, 3) if n_terms else 0.0,
         "distinct_terms": len(table.df),
         "df_basis": table.basis,
-        "policies": policies,
+        "policies": by_policy,
         "df_histogram": histogram,
     }

@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pipeline.config import EnrichSettings, PolicyKind, Settings
-from pipeline.dfstats import Policy
+from pipeline import policies
+from pipeline.config import EnrichSettings, Settings
+from pipeline.policies import PolicyKind
 
 Classes = Literal["both", "echo", "bridge", "none"]
 META_KEY = "sira_profile"
@@ -64,8 +65,8 @@ class Profile(BaseModel):
             return base
         return base.merged(stored, origin=stored.get("origin") or "stored with the index")
 
-    def filter_policy(self) -> Policy:
-        return Policy(self.policy, self.rank_k, self.ratio, self.absolute_cap)
+    def filter_policy(self) -> policies.Policy:
+        return policies.from_values(self.model_dump())
 
     def merged(self, values: dict[str, Any], origin: str | None = None) -> Profile:
         """This profile with ``values`` (None values ignored) taking precedence."""

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from pipeline import dfstats, terms
+from pipeline import dfstats, policies, terms
 from pipeline.config import Settings
 from pipeline.engine import Engine, mappings_dir
 from pipeline.llm import ModelClient
@@ -152,7 +152,7 @@ def active_cap(engine: Engine, index: str, meta: dict, profile: Profile) -> int 
     if applied:
         return applied.get("cap")
     policy = profile.filter_policy()
-    if policy.kind == "rank":
+    if policy.needs_statistics():
         return None
     return policy.cap(engine.count(index), [])
 
@@ -204,7 +204,7 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
         taken: set[str] = set()
         for phrase in phrases:
             dfs = [df[p.lower()] for p in parts[phrase]]
-            if any(0 < d and dfstats.keeps(d, cap) for d in dfs):
+            if any(0 < d and policies.keeps(d, cap) for d in dfs):
                 tokens = set(phrases[phrase].split())
                 if max_sketch_terms is not None and len(taken | tokens) > max_sketch_terms:
                     dropped.append(DroppedTerm(
@@ -260,6 +260,13 @@ def rrf(rankings: list[list[Hit]], size: int, k: int = RRF_K) -> list[Hit]:
             first.setdefault(hit.id, hit)
     order = sorted(fused, key=lambda d: (-fused[d], d))[:size]
     return [Hit(**{**first[d].__dict__, "score": fused[d]}) for d in order]
+
+
+def combine(rankings: list[list[Hit]], size: int) -> list[Hit]:
+    """The ranking of one search from the rankings of its requests (``search_bodies``): one
+    as it is, several fused by ``rrf``. A rerank stage belongs here: ``sira search`` and the
+    bench both call it."""
+    return rankings[0][:size] if len(rankings) == 1 else rrf(rankings, size)
 
 
 def search_bodies(text: str, searched: Mapping[str, int], also: Sequence[str] = (), *,
@@ -325,7 +332,7 @@ def search(
     result.took_ms = sum(int(r["took"]) for r in responses)
     result.total = int(responses[0]["hits"]["total"]["value"])
     rankings = [_hits(r) for r in responses]
-    result.hits = rankings[0] if len(rankings) == 1 else rrf(rankings, size)
+    result.hits = combine(rankings, size)
     return result
 
 
@@ -339,7 +346,7 @@ def _sketch(settings: Settings, client: ModelClient | None, text: str
             return None, None, "expansion skipped: no model server configured (SIRA_LLM__URL)"
         client = ModelClient(settings.llm.model_copy(update={
             "read_timeout": settings.llm.search_timeout, "max_attempts": 1}))
-    prompt = query_prompt(settings.enrich.max_terms, settings.index.max_ngram)
+    prompt = query_prompt(settings.llm.sketch_phrases, settings.index.max_ngram)
     started = time.monotonic()
     try:
         answer = client.keywords(prompt, [("query", text)])[0]

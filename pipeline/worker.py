@@ -13,7 +13,7 @@ from pathlib import Path
 
 from celery import Celery, signals
 
-from pipeline import enrich
+from pipeline import enrich, local
 from pipeline.config import Settings
 from pipeline.engine import Engine, transient_errors
 from pipeline.jobs import PROPOSE_TASK
@@ -67,7 +67,7 @@ app = make_app(Settings())
 
 @signals.worker_init.connect
 def _on_worker_start(**_: object) -> None:
-    from pipeline.localworkers import die_with_parent
+    from pipeline.local.workers import die_with_parent
 
     prepare_broker(Settings())
     die_with_parent()
@@ -76,7 +76,7 @@ def _on_worker_start(**_: object) -> None:
 @cache
 def _resources() -> tuple[Settings, Engine, ModelClient]:
     settings = Settings()
-    return settings, Engine.from_settings(settings), ModelClient(settings.llm)
+    return settings, local.connect(settings), ModelClient(settings.llm)
 
 
 @app.task(name=PROPOSE_TASK, bind=True, autoretry_for=transient_errors(),

@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fake_model import FakeModelServer  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
 
+from pipeline import local  # noqa: E402
 from pipeline.config import IndexSettings, LLMSettings, Settings, WorkerSettings  # noqa: E402
-from pipeline.engine import Engine  # noqa: E402
 from pipeline.jobs import index_corpus, reindex  # noqa: E402
-from pipeline.localworkers import LocalWorkers  # noqa: E402
+from pipeline.local.workers import LocalWorkers  # noqa: E402
 
 WORDS = ("shard replica heap snapshot mapping analyzer token bulk refresh merge segment "
          "cluster node index alias query score field").split()
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
     base = Settings()
-    engine = Engine.from_settings(base)
+    engine = local.connect(base)
     tmp = Path(tempfile.mkdtemp(prefix="sira-bench-job-"))
     path = corpus(tmp / "corpus.jsonl", args.docs)
     redis = RedisServer()

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import servers
+from pipeline import local
 from pipeline.config import IndexSettings, Settings
 from pipeline.engine import Engine
+from pipeline.local import servers
 
 STATE_DIR = Path(os.environ.get("SIRA_TEST_STATE_DIR")
                  or Path(tempfile.gettempdir()) / "sira-test-state")
@@ -45,7 +46,7 @@ class EngineFarm:
         if existing is None or not servers.is_running(existing):
             self.started.append(full)
         servers.start(name=full, state_dir=STATE_DIR, **ENGINES[name])
-        return Engine.from_settings(self.settings, local_name=full)
+        return local.connect(self.settings, local_name=full)
 
     def stop_started(self) -> None:
         for name in self.started:

@@ -14,10 +14,10 @@ from fake_model import FakeModelServer
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
-from pipeline import servers
 from pipeline.cli import app
 from pipeline.config import Settings
 from pipeline.engine import Engine
+from pipeline.local import servers
 
 runner = CliRunner()
 
@@ -201,6 +201,7 @@ def test_enrich_refilter_stats_commands(opensearch: Engine, monkeypatch: pytest.
             assert opensearch.get(index, "d0")["enrich_bridge"] == ["unique0"]
 
             stats = runner.invoke(app, ["--index", index, "stats", "--k", "1"])
+            assert stats.exit_code == 0, stats.output
             figures = json.loads(stats.stdout)
             assert figures["documents_with_proposals"] == 6
             assert figures["proposals_per_doc"] == 2.0 and figures["kept_per_doc"] == 1.0

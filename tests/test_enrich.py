@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fake_model import FakeModelServer
 
-from pipeline import batchfiles, dfstats, enrich, terms
+from pipeline import batchfiles, dfstats, enrich, policies, terms
 from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
 from pipeline.engine import Engine
 from pipeline.llm import ModelClient
@@ -173,12 +173,12 @@ def test_ratio_cap_does_not_scale_rank_does(opensearch: Engine, index_settings: 
         settings = settings_for(index_settings, df_basis="proposals")
         batchfiles.import_proposals(opensearch, settings, write_jsonl(tmp_path / "p.jsonl", rows))
 
-        def kept(policy: dfstats.Policy) -> list[str]:
+        def kept(policy: policies.Policy) -> list[str]:
             enrich.apply(opensearch, settings, policy)
             doc = opensearch.get(name, "b0")
             return sorted(doc.get("enrich_echo", []) + doc.get("enrich_bridge", []))
 
-        ratio, rank = dfstats.Policy("ratio", ratio=0.05), dfstats.Policy("rank", rank_k=2)
+        ratio, rank = policies.make("ratio", ratio=0.05), policies.make("rank", rank_k=2)
         assert kept(ratio) == ["specific0"]  # cap 5: both common terms dropped
         assert kept(rank) == ["specific0"]
 

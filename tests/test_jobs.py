@@ -19,7 +19,6 @@ from conftest import STATE_DIR
 from fake_model import FakeModelServer
 from redis_server import RedisServer
 
-from pipeline import servers
 from pipeline.config import (
     EngineSettings,
     EnrichSettings,
@@ -30,7 +29,8 @@ from pipeline.config import (
 )
 from pipeline.engine import Engine
 from pipeline.jobs import JobFailed, JobSummary, index_corpus, reindex, status_counts
-from pipeline.localworkers import LocalWorkers
+from pipeline.local import servers
+from pipeline.local.workers import LocalWorkers
 
 
 @pytest.fixture(scope="module")

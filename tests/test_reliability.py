@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from test_cli import engine_env, runner
 
-from pipeline import servers
 from pipeline.cli import app
 from pipeline.config import Settings
 from pipeline.engine import Engine
 from pipeline.loaders import CorpusError, LoadReport, iter_corpus
+from pipeline.local import servers
 
 
 def write_lines(path: Path, n: int, long_id_at: int | None = None) -> Path:

@@ -437,7 +437,7 @@ def _install_english_plugin(dist: Path, version: str, env: dict[str, str]) -> No
     pipeline/es_plugin) against the distribution's own jars and install it, once."""
     if (dist / "plugins" / ES_PLUGIN).exists():
         return
-    sources = sorted((Path(__file__).parent / "es_plugin").glob("*.java"))
+    sources = sorted((Path(__file__).parents[1] / "es_plugin").glob("*.java"))
     java_home = find_java_home()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
