@@ -15,6 +15,7 @@ from pipeline.engine import Engine, ItemFailure
 from pipeline.llm import BadAnswer, chat_request, parse_keywords
 from pipeline.loaders import LoadReport, iter_jsonl_objects
 from pipeline.prompts import document_body
+from pipeline.schema import Layout
 
 
 def export_batch(engine: Engine, settings: Settings, path: Path, *, all_docs: bool = False
@@ -22,13 +23,14 @@ def export_batch(engine: Engine, settings: Settings, path: Path, *, all_docs: bo
     """One OpenAI batch line per document that needs proposals (or every document)."""
     prompt = enrich.prompt_for(settings)
     llm = settings.llm
+    layout = Layout.of(engine.get_meta(settings.index.name))
     count = 0
     with open(path, "w", encoding="utf-8") as out:
-        for hit in engine.scan(settings.index.name, source=enrich.DOC_SOURCE):
+        for hit in engine.scan(settings.index.name, source=layout.read()):
             source = hit["_source"]
-            if not all_docs and not enrich.needs_proposals(source, prompt.version):
+            if not all_docs and not enrich.needs_proposals(source, prompt.version, layout):
                 continue
-            body = document_body(source.get("title", ""), source.get("text", ""))
+            body = document_body(*layout.title_text(source))
             line = {"custom_id": hit["_id"], "method": "POST", "url": "/v1/chat/completions",
                     "body": chat_request(llm, prompt, body)}
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -94,11 +96,12 @@ def import_proposals(engine: Engine, settings: Settings, path: Path, *,
     their line number; failed answers are recorded on their documents."""
     index = settings.index.name
     prompt = enrich.prompt_for(settings)
+    layout = Layout.of(engine.get_meta(index))
     summary = ImportSummary()
     pending: list[_Line] = []
 
     def flush() -> None:
-        sources = engine.mget(index, [x.doc_id for x in pending], source=enrich.DOC_SOURCE)
+        sources = engine.mget(index, [x.doc_id for x in pending], source=layout.read())
         groups: dict[tuple[str, str], dict[str, list[str]]] = {}
         failures: dict[str, str] = {}
         for x in pending:
@@ -112,7 +115,8 @@ def import_proposals(engine: Engine, settings: Settings, path: Path, *,
             groups.setdefault(key, {})[x.doc_id] = x.terms
         for (line_model, line_prompt), proposals in groups.items():
             result = enrich.store_proposals(engine, index, proposals, sources, model=line_model,
-                                            prompt_version=line_prompt, stance=prompt.stance)
+                                            prompt_version=line_prompt, stance=prompt.stance,
+                                            layout=layout)
             summary.stored += result.ok
             # proposals the engine refuses fail their document, named, as in the online path
             summary.refused += result.failures

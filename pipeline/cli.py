@@ -29,6 +29,7 @@ from pipeline.profile import META_KEY as PROFILE_META
 from pipeline.profile import read_file as read_profile
 from pipeline.profile import write_file as write_profile
 from pipeline.query import SearchResult, install_template, search, template_params
+from pipeline.schema import OWN, Layout
 
 
 class _App(typer.Typer):
@@ -309,26 +310,44 @@ def search_cmd(
                                           "matched per hit.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     max_sketch_terms: SketchBudgetOpt = None,
+    filter_json: Annotated[str | None, typer.Option(
+        "--filter", help='A query the hits must match, not scored, e.g. '
+                         '\'{"term": {"brand": "acme"}}\'.')] = None,
     index: IndexOpt = None,
 ) -> None:
-    """Search: BM25 over title + text + enrichment, optionally with a validated sketch."""
+    """Search: BM25 over the index's text + enrichment, optionally with a validated sketch."""
     settings = _settings(ctx, index)
     result = search(_connect(settings), settings, text, also=also or [], expand=expand, w=w,
                     max_n=max_n, size=size, classes=classes, explain=explain or as_json,
-                    max_sketch_terms=max_sketch_terms)
+                    max_sketch_terms=max_sketch_terms, filter=_filter(filter_json))
     if as_json:
         sys.stdout.write(json.dumps(dataclasses.asdict(result)) + "\n")
     else:
         _print_hits(result, explain)
 
 
+def _filter(text: str | None) -> dict | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _fail(f"--filter: not JSON ({exc})") from exc
+    if not isinstance(value, dict) or len(value) != 1:
+        raise _fail('--filter: expected one query object, e.g. {"term": {"brand": "acme"}}')
+    return value
+
+
 @template_app.command("install")
-def template_install(ctx: typer.Context) -> None:
-    """Store the two-clause search template in the engine (for Kibana / Dashboards)."""
-    engine = _connect(_settings(ctx))  # templates belong to the cluster, not to an index
+def template_install(ctx: typer.Context, index: IndexOpt = None) -> None:
+    """Store the two-clause search template in the engine (for Kibana / Dashboards): the
+    project's layout's, or with --index an attached index's (its own fields)."""
+    settings = _settings(ctx)
+    engine = _connect(settings)  # templates belong to the cluster, not to an index
     if not engine.capabilities.search_templates:
         raise _fail("this engine has no mustache search templates (lang-mustache module)")
-    out.print(f"stored search template '{install_template(engine)}'")
+    layout = Layout.of(engine.get_meta(index)) if index else OWN
+    out.print(f"stored search template '{install_template(engine, layout)}'")
 
 
 # -- sira profile --------------------------------------------------------------------------

@@ -2,12 +2,12 @@
 
 DF is always counted by the engine over the whole index, exactly: a ``filters`` aggregation
 (one bucket per candidate, a bounded number of candidates per request) or a ``composite``
-aggregation over the ``proposed_terms`` keyword field. Both sum per-shard counts of whole
+aggregation over the ``sira.proposed_terms`` keyword field. Both sum per-shard counts of whole
 documents, so they are exact on any number of shards — unlike ``_termvectors`` statistics.
 
 What a DF counts (``basis``):
 - ``text``: documents whose title or text contains the phrase (a phrase query on ``contents``);
-- ``proposals``: documents the phrase was proposed for (``proposed_terms``);
+- ``proposals``: documents the phrase was proposed for (``sira.proposed_terms``);
 - ``both``: documents with either — a term common in the text *or* proposed everywhere is
   common.
 
@@ -20,7 +20,7 @@ from collections import Counter
 
 from pipeline.config import DfBasis
 from pipeline.engine import Engine
-from pipeline.schema import ENRICHED_FIELD, TEXT_FIELD
+from pipeline.schema import ENRICHED_FIELD, PROPOSED_TERMS, TEXT_FIELD
 
 TEXT_FIELDS = [TEXT_FIELD]
 # title, text and the enrichment in one field: a phrase is found in it exactly when it is
@@ -31,7 +31,7 @@ BATCH = 500  # candidates per filters aggregation request
 
 def _clause(text: str, norm: str, basis: DfBasis, fields: list[str]) -> dict:
     in_text = {"multi_match": {"query": text, "type": "phrase", "fields": fields}}
-    proposed = {"term": {"proposed_terms": norm}}
+    proposed = {"term": {PROPOSED_TERMS: norm}}
     if basis == "text":
         return in_text
     if basis == "proposals":
@@ -65,7 +65,7 @@ def proposal_frequencies(engine: Engine, index: str, page: int = 1000) -> Counte
     after = None
     while True:
         composite: dict = {"size": page,
-                           "sources": [{"term": {"terms": {"field": "proposed_terms"}}}]}
+                           "sources": [{"term": {"terms": {"field": PROPOSED_TERMS}}}]}
         if after:
             composite["after"] = after
         result = engine.aggregate(index, {"tags": {"composite": composite}})["tags"]

@@ -70,6 +70,16 @@ def load_mapping_file(name: str) -> dict:
     return json.loads(mappings_dir().joinpath(name).read_text("utf-8"))
 
 
+def sira_mapping(text_options: dict) -> dict:
+    """The mapping of the ``sira`` object (mappings/sira.json), its two enrichment fields
+    given ``text_options`` (analyzer, similarity, copy_to)."""
+    mapping = copy.deepcopy(load_mapping_file("sira.json"))
+    mapping.pop("_comment", None)
+    for name in ("echo", "bridge"):
+        mapping["properties"][name].update(copy.deepcopy(text_options))
+    return mapping
+
+
 @dataclass
 class ItemFailure:
     id: str
@@ -282,22 +292,34 @@ class Engine:
         settings["index"]["number_of_shards"] = index.shards
         settings["index"]["number_of_replicas"] = index.replicas
         settings["index"]["similarity"]["sira_bm25"].update(k1=index.bm25_k1, b=index.bm25_b)
+        body["mappings"]["properties"]["sira"] = sira_mapping(
+            {"analyzer": "sira_english", "similarity": "sira_bm25", "copy_to": ["enriched"]})
         return body
 
     def create_index(self, index: IndexSettings, *, recreate: bool = False) -> bool:
         """Create ``index.name``; False if it already existed (and ``recreate`` is off)."""
-        if self.index_exists(index.name):
-            if not recreate:
-                return False
+        if recreate:
             self.delete_index(index.name)
+        elif self.index_exists(index.name):
+            return False
+        return self.create(index.name, self.index_body(index))
+
+    def create(self, name: str, body: dict) -> bool:
+        """Create an index from a body; False if it exists already."""
         try:
-            self.client.indices.create(index=index.name, body=self.index_body(index))
+            self.client.indices.create(index=name, body=body)
         except Exception as exc:  # another job or writer created it a moment ago: fine
             if "resource_already_exists_exception" not in str(exc):
                 raise
             return False
-        self.client.cluster.health(index=index.name, wait_for_status="yellow")
+        self.client.cluster.health(index=name, wait_for_status="yellow")
         return True
+
+    def delete_by_query(self, index: str, query: dict) -> int:
+        """Delete the matching documents; how many were deleted."""
+        done = dict(self.client.delete_by_query(index=index, body={"query": query},
+                                                conflicts="proceed", refresh=True))
+        return int(done.get("deleted", 0))
 
     def index_exists(self, name: str) -> bool:
         return bool(self.client.indices.exists(index=name))
@@ -331,7 +353,16 @@ class Engine:
             time.sleep(5)
 
     def get_mapping(self, name: str) -> dict:
-        return dict(self.client.indices.get_mapping(index=name))[name]["mappings"]
+        found = dict(self.client.indices.get_mapping(index=name))
+        return (found.get(name) or next(iter(found.values())))["mappings"]
+
+    def put_mapping(self, index: str, properties: dict) -> None:
+        """Add fields to an index's mapping (the engine refuses to change existing ones)."""
+        self.client.indices.put_mapping(index=index, body={"properties": properties})
+
+    def index_settings(self, index: str) -> dict:
+        found = dict(self.client.indices.get_settings(index=index))
+        return (found.get(index) or next(iter(found.values())))["settings"]
 
     # -- writes --------------------------------------------------------------------------
 
@@ -473,6 +504,12 @@ class Engine:
     def get_meta(self, index: str) -> dict:
         return dict(self.get_mapping(index).get("_meta", {}))
 
+    def drop_meta(self, index: str, keys: Iterable[str]) -> None:
+        """Remove ``keys`` from the index's ``_meta``, keeping the rest."""
+        gone = set(keys)
+        self.client.indices.put_mapping(index=index, body={"_meta": {
+            k: v for k, v in self.get_meta(index).items() if k not in gone}})
+
     def analyze(self, index: str, texts: list[str], *, analyzer: str | None = None,
                 field: str | None = None, max_chars: int = 40_000) -> list[list[str]]:
         """Tokens of each text, as the index's analyzer (or a field's) produces them, in as
@@ -520,6 +557,19 @@ class Engine:
         self.client.put_script(
             id=template_id, body={"script": {"lang": "mustache", "source": source}}
         )
+
+    def get_search_template(self, template_id: str) -> str | None:
+        """A stored template's source, or None."""
+        try:
+            found = dict(self.client.get_script(id=template_id))
+        except Exception as exc:
+            if _status(exc) == 404:
+                return None
+            raise
+        return (found.get("script") or {}).get("source") if found.get("found", True) else None
+
+    def delete_search_template(self, template_id: str) -> None:
+        self.client.delete_script(id=template_id)
 
     def render_search_template(self, template_id: str, params: dict) -> dict:
         rendered = self.client.render_search_template(body={"id": template_id, "params": params})

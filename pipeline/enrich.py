@@ -5,7 +5,7 @@ model and prompt version), written to each document by bulk partial update. A do
 content hash and prompt version are unchanged is not sent to the model again.
 
 ``apply``: proposals + collection DF statistics + a filter policy -> the enrichment fields
-``enrich_echo`` / ``enrich_bridge``. It needs no model and can run again at any time (``sira
+``sira.echo`` / ``sira.bridge``. It needs no model and can run again at any time (``sira
 refilter``), e.g. after the collection grew.
 """
 
@@ -24,9 +24,16 @@ from pipeline.llm import ModelClient
 from pipeline.loaders import now_iso
 from pipeline.profile import Profile
 from pipeline.prompts import Prompt, corpus_prompt, document_body
-from pipeline.schema import ENRICHED, FAILED, PROPOSED, PROPOSED_STATES
-
-DOC_SOURCE = ["title", "text", "sira"]
+from pipeline.schema import (
+    ENRICHED,
+    FAILED,
+    OWN,
+    PROPOSED,
+    PROPOSED_HASH,
+    PROPOSED_STATES,
+    Layout,
+    sira_of,
+)
 
 
 def prompt_for(settings: Settings) -> Prompt:
@@ -34,12 +41,14 @@ def prompt_for(settings: Settings) -> Prompt:
     return corpus_prompt(e.stance, e.max_terms, settings.index.max_ngram, e.doc_chars)
 
 
-def needs_proposals(source: dict, prompt_version: str) -> bool:
-    sira = source.get("sira", {})
+def needs_proposals(source: dict, prompt_version: str, layout: Layout = OWN) -> bool:
+    """Whether a document has no proposals for its current text and the current prompt (a
+    document an application wrote or overwrote has no ``sira`` object: it needs them)."""
+    sira = sira_of(source)
     return not (
         sira.get("status") in PROPOSED_STATES
         and sira.get("prompt_version") == prompt_version
-        and sira.get("proposed_hash") == sira.get("content_hash")
+        and sira.get("proposed_hash") == layout.content_hash(source)
     )
 
 
@@ -55,34 +64,34 @@ def _batched(items: Iterable, size: int) -> Iterator[list]:
 def job_share(source: dict, job: str | None, name: str) -> int:
     """What a document has already counted for ``job`` (model calls or ms): the job marks
     its documents with zero, so a later write adds to the figure instead of replacing it."""
-    sira = source.get("sira", {})
+    sira = sira_of(source)
     return int(sira.get(name) or 0) if sira.get("job") == job else 0
 
 
 def store_proposals(engine: Engine, index: str, proposals: dict[str, list[str]],
                     sources: dict[str, dict], *, model: str, prompt_version: str,
                     stance: str, job: str | None = None,
-                    calls: dict[str, int] | None = None, model_ms: int = 0) -> BulkResult:
+                    calls: dict[str, int] | None = None, model_ms: int = 0,
+                    layout: Layout = OWN) -> BulkResult:
     """Normalise and classify ``proposals`` against their documents and write them.
     ``calls``: model requests per document, added to what the document already counted for
     ``job``; ``model_ms``: each document's share of the time its batch waited for the model
     (the job sums them to tell model time apart)."""
-    bodies = {i: document_body(sources[i].get("title", ""), sources[i].get("text", ""))
-              for i in proposals}
+    bodies = {i: document_body(*layout.title_text(sources[i])) for i in proposals}
     prepared = terms.prepare(engine, index, proposals, bodies)
     at = now_iso()
     updates = []
     for doc_id, doc_terms in prepared.items():
         source = sources[doc_id]
-        sira = source.get("sira", {})
+        sira = sira_of(source)
         updates.append((doc_id, {
-            "sira_proposals": {"model": model, "prompt_version": prompt_version,
-                               "stance": stance, "at": at, "raw": proposals[doc_id],
-                               "terms": [t.as_json() for t in doc_terms]},
-            "proposed_terms": [t.norm for t in doc_terms],
-            "sira": {"status": PROPOSED, "reason": None, "model": model,
+            "sira": {"proposals": {"model": model, "prompt_version": prompt_version,
+                                   "stance": stance, "at": at, "raw": proposals[doc_id],
+                                   "terms": [t.as_json() for t in doc_terms]},
+                     "proposed_terms": [t.norm for t in doc_terms],
+                     "status": PROPOSED, "reason": None, "model": model,
                      "prompt_version": prompt_version,
-                     "proposed_hash": sira.get("content_hash"), "proposed_at": at,
+                     "proposed_hash": layout.content_hash(source), "proposed_at": at,
                      "attempts": int(sira.get("attempts") or 0) + 1, "job": job,
                      "calls": job_share(source, job, "calls") + (calls or {}).get(doc_id, 0),
                      "model_ms": job_share(source, job, "model_ms") + model_ms},
@@ -98,7 +107,7 @@ def record_failures(engine: Engine, index: str, reasons: dict[str, str],
         source = sources.get(doc_id, {})
         updates.append((doc_id, {"sira": {
             "status": FAILED, "reason": reason[:2000],
-            "attempts": int(source.get("sira", {}).get("attempts") or 0) + 1, "job": job,
+            "attempts": int(sira_of(source).get("attempts") or 0) + 1, "job": job,
             "calls": job_share(source, job, "calls") + (calls or {}).get(doc_id, 0),
             "model_ms": job_share(source, job, "model_ms") + model_ms,
         }}))
@@ -147,16 +156,18 @@ def propose(engine: Engine, settings: Settings, client: ModelClient, *,
     """Send every document that needs proposals (all, or ``ids``) to the model, in batches.
     ``job`` is recorded on each document sent, with its number of model calls."""
     index = settings.index.name
+    layout = Layout.of(engine.get_meta(index))
     prompt = prompt_for(settings)
     summary = ProposeSummary()
     if ids is None:
-        hits = ((h["_id"], h["_source"]) for h in engine.scan(index, source=DOC_SOURCE))
+        hits = ((h["_id"], h["_source"]) for h in engine.scan(index, source=layout.read()))
     else:
-        hits = iter(engine.mget(index, ids, source=DOC_SOURCE).items())
+        hits = iter(engine.mget(index, ids, source=layout.read()).items())
     for batch in _batched(hits, settings.enrich.batch_docs):
         summary.considered += len(batch)
         sources = {doc_id: source for doc_id, source in batch}
-        todo = [doc_id for doc_id, source in batch if needs_proposals(source, prompt.version)]
+        todo = [doc_id for doc_id, source in batch
+                if needs_proposals(source, prompt.version, layout)]
         summary.unchanged += len(batch) - len(todo)
         # the first request of each document is counted before it is sent; the answers
         # then add what came on top (retries, splits)
@@ -166,8 +177,7 @@ def propose(engine: Engine, settings: Settings, client: ModelClient, *,
         first = client.first_requests(len(todo))
         started = time.monotonic()
         answers = client.keywords(prompt, [
-            (i, document_body(sources[i].get("title", ""), sources[i].get("text", "")))
-            for i in todo])
+            (i, document_body(*layout.title_text(sources[i]))) for i in todo])
         model_ms = int((time.monotonic() - started) * 1000 / max(len(todo), 1))
         summary.model_calls += sum(a.calls for a in answers)
         good = {a.key: a.keywords for a in answers if a.ok}
@@ -175,7 +185,7 @@ def propose(engine: Engine, settings: Settings, client: ModelClient, *,
         calls = {a.key: a.calls - n for a, n in zip(answers, first, strict=True)}
         written = store_proposals(engine, index, good, sources, model=client.model,
                                   prompt_version=prompt.version, stance=prompt.stance,
-                                  job=job, calls=calls, model_ms=model_ms)
+                                  job=job, calls=calls, model_ms=model_ms, layout=layout)
         # a document whose proposals the engine refused is a failed document, not a lost one
         bad |= {f.id: f"engine rejected the proposals: {f.reason}" for f in written.failures}
         failed = record_failures(engine, index, bad, sources, job=job, calls=calls,
@@ -203,7 +213,7 @@ class TermTable:
     basis: DfBasis
 
 
-HAS_PROPOSALS = {"exists": {"field": "sira.proposed_hash"}}
+HAS_PROPOSALS = {"exists": {"field": PROPOSED_HASH}}
 
 
 def proposed_documents(engine: Engine, index: str, source: list[str]
@@ -215,20 +225,21 @@ def proposed_documents(engine: Engine, index: str, source: list[str]
 
 def stored_terms(source: dict) -> list[dict]:
     """A document's stored proposals: {"text", "norm", "class"} each."""
-    return source.get("sira_proposals", {}).get("terms", [])
+    return sira_of(source).get("proposals", {}).get("terms", [])
 
 
 def term_table(engine: Engine, index: str, basis: DfBasis) -> TermTable:
     engine.refresh(index)
     surfaces: dict[str, str] = {}
-    for _, source in proposed_documents(engine, index, ["sira_proposals.terms"]):
+    for _, source in proposed_documents(engine, index, ["sira.proposals.terms"]):
         for t in stored_terms(source):
             surfaces.setdefault(t["norm"], t["text"])
     if basis == "proposals":
         counts = dfstats.proposal_frequencies(engine, index)
         df = {norm: counts.get(norm, 0) for norm in surfaces}
     else:
-        df = dfstats.document_frequencies(engine, index, surfaces, basis)
+        fields = Layout.of(engine.get_meta(index)).phrase_fields(enriched=False)
+        df = dfstats.document_frequencies(engine, index, surfaces, basis, fields=fields)
     return TermTable(engine.count(index), df, basis)
 
 
@@ -259,7 +270,7 @@ def kept_terms(stored: list[dict], df: dict[str, int], cap: int | None) -> list[
 
 
 def enrichment_fields(kept: list[dict]) -> tuple[list[str], list[str]]:
-    """(enrich_echo, enrich_bridge) values of the kept terms."""
+    """(sira.echo, sira.bridge) values of the kept terms."""
     return ([t["text"] for t in kept if t["class"] == terms.ECHO],
             [t["text"] for t in kept if t["class"] == terms.BRIDGE])
 
@@ -281,21 +292,22 @@ def apply(engine: Engine, settings: Settings, policy: policies.Policy | None = N
 
     def updates() -> Iterator[tuple[str, dict]]:
         for doc_id, source in proposed_documents(engine, index, [
-                "sira_proposals.terms", "sira.status", "enrich_echo", "enrich_bridge"]):
+                "sira.proposals.terms", "sira.status", "sira.echo", "sira.bridge"]):
             stored = stored_terms(source)
             kept = kept_terms(stored, table.df, cap)
             summary.proposed_terms += len(stored)
             summary.kept.update(t["class"] for t in kept)
             echo, bridge = enrichment_fields(kept)
-            status = source.get("sira", {}).get("status", "")
-            written = "enrich_echo" in source or "enrich_bridge" in source
-            if written and (source.get("enrich_echo", []), source.get("enrich_bridge", [])) \
-                    == (echo, bridge) and status != PROPOSED:
+            sira = sira_of(source)
+            status = sira.get("status", "")
+            written = "echo" in sira or "bridge" in sira
+            if written and (sira.get("echo", []), sira.get("bridge", [])) == (echo, bridge) \
+                    and status != PROPOSED:
                 continue  # stored exactly so already
-            yield doc_id, {
-                "enrich_echo": echo, "enrich_bridge": bridge,
-                "sira": {"status": ENRICHED if status in (PROPOSED, ENRICHED) else status,
-                         "enriched_at": at, "kept": len(kept)}}
+            yield doc_id, {"sira": {
+                "echo": echo, "bridge": bridge,
+                "status": ENRICHED if status in (PROPOSED, ENRICHED) else status,
+                "enriched_at": at, "kept": len(kept)}}
 
     engine.refresh(index)
     result = engine.bulk_update(index, updates())
@@ -322,13 +334,13 @@ def stats(engine: Engine, settings: Settings) -> dict:
     e = settings.enrich
     n_with = n_terms = kept_now = 0
     classes: Counter[str] = Counter()
-    for _, source in proposed_documents(engine, index, ["sira_proposals.terms", "enrich_echo",
-                                                        "enrich_bridge"]):
+    for _, source in proposed_documents(engine, index, ["sira.proposals.terms", "sira.echo",
+                                                        "sira.bridge"]):
         stored = stored_terms(source)
         n_with += 1
         n_terms += len(stored)
         classes.update(t["class"] for t in stored)
-        kept_now += len(source.get("enrich_echo", [])) + len(source.get("enrich_bridge", []))
+        kept_now += len(sira_of(source).get("echo", [])) + len(sira_of(source).get("bridge", []))
     by_policy = {}
     for kind in policies.KINDS:
         p = policies.make(kind, **e.model_dump())

@@ -17,7 +17,7 @@ from pipeline import enrich
 from pipeline.config import Settings
 from pipeline.engine import BulkResult, Engine, ItemFailure, transient_errors
 from pipeline.loaders import CorpusError, Document, LoadReport, iter_corpus
-from pipeline.schema import ENRICHED, FAILED, PROPOSED, QUEUED
+from pipeline.schema import ENRICHED, FAILED, PROPOSED, QUEUED, Layout, sira_of
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -149,7 +149,7 @@ def copy_documents(engine: Engine, settings: Settings, docs: Iterable[Document],
             old = stored.get(doc.id)
             if old is None:
                 summary.new += 1
-            elif old.get("sira", {}).get("content_hash") != doc.content_hash:
+            elif sira_of(old).get("content_hash") != doc.content_hash:
                 summary.changed += 1
             else:
                 summary.unchanged += 1
@@ -170,15 +170,16 @@ def documents_to_send(engine: Engine, settings: Settings, prompt_version: str,
     """(id, job) of pending, changed, or failed-and-retryable documents (not yet at max
     attempts), and how many are left alone because another running job has them queued."""
     out, left = [], 0
-    for hit in engine.scan(settings.index.name, source=["sira"]):
-        sira = hit["_source"].get("sira", {})
+    layout = Layout.of(engine.get_meta(settings.index.name))
+    for hit in engine.scan(settings.index.name, source=layout.read()):
+        sira = sira_of(hit["_source"])
         if sira.get("status") == FAILED and \
                 int(sira.get("attempts") or 0) >= settings.worker.max_doc_attempts:
             continue
         if sira.get("status") == QUEUED and sira.get("job") in live_jobs:
             left += 1
             continue
-        if enrich.needs_proposals(hit["_source"], prompt_version):
+        if enrich.needs_proposals(hit["_source"], prompt_version, layout):
             out.append((hit["_id"], sira.get("job")))
     return out, left
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from typing import Any
 import frontmatter
 import yaml
 
-from pipeline.schema import PENDING
+from pipeline.schema import PENDING, content_hash
 
 KNOWN_FIELDS = {"_id", "title", "text"}
 WIKILINK = re.compile(r"\[\[([^\]|#]+)(?:#[^\]|]*)?(?:\|([^\]]+))?\]\]")
@@ -36,7 +35,7 @@ class Document:
 
     @property
     def content_hash(self) -> str:
-        return hashlib.sha256(f"{self.title}\n{self.text}".encode()).hexdigest()
+        return content_hash(self.title, self.text)
 
     def to_index(self) -> dict:
         """The stored form of a loaded document (status pending); enrichment comes later."""

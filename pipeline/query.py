@@ -18,6 +18,7 @@ query, fused by reciprocal rank with equal weight.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
@@ -31,47 +32,49 @@ from pipeline.engine import Engine, mappings_dir
 from pipeline.llm import ModelClient
 from pipeline.profile import DEFAULT_W, Classes, Profile
 from pipeline.prompts import query_prompt
-from pipeline.schema import ENRICHED_FIELD, TEXT_FIELD
+from pipeline.schema import BRIDGE_FIELD, ECHO_FIELD, OWN, Layout
 
-TEMPLATE_ID = "sira-two-clause"
+TEMPLATE_ID = OWN.template_id  # the own layout's; an attached index has its own (Layout)
 RRF_K = 60
-LEAF = re.compile(r"weight\((\w+):(.+?) in \d+\)")
+LEAF = re.compile(r"weight\(([^:\s(]+):(.+?) in \d+\)")
 
 
-def fields_for(classes: Classes) -> list[str]:
-    """Scored fields: the enrichment fields of the chosen classes, then title + text."""
-    enrich = {"both": ["enrich_echo", "enrich_bridge"], "echo": ["enrich_echo"],
-              "bridge": ["enrich_bridge"], "none": []}[classes]
-    return [*enrich, TEXT_FIELD]
+def fields_for(classes: Classes, layout: Layout = OWN) -> list[str]:
+    """Scored fields of the literal clause: the enrichment of the chosen classes, then the
+    text."""
+    return layout.literal_fields(classes)
 
 
-def expansion_fields(classes: Classes) -> list[str]:
-    """Where the sketch is scored: with both classes, the one field that holds title, text
-    and enrichment together (``enriched``, copy_to) — a third of the term lookups of three
-    fields, the same quality measured (README, Results); otherwise the literal's fields."""
-    return [ENRICHED_FIELD] if classes == "both" else fields_for(classes)
+def expansion_fields(classes: Classes, layout: Layout = OWN) -> list[str]:
+    """Where the sketch is scored (``Layout.expansion_fields``)."""
+    return layout.expansion_fields(classes)
 
 
 def build_query(text: str, expansion: Mapping[str, int] | None = None, *,
                 w: float = DEFAULT_W, size: int = 10, classes: Classes = "both",
-                named: bool = False) -> dict:
+                named: bool = False, layout: Layout = OWN, filter: dict | None = None) -> dict:
     """The search body the stored template renders for the same parameters. ``expansion``:
     analysed sketch term -> count (``expansion_terms``). With w = 0 the expansion clauses are
     left out, so the ranking is exactly the literal query's. ``named``: name every clause
     (``literal``, ``expansion:<term>``) so that each hit says which matched — the engine then
-    runs the named clauses again for every hit, so only ``--explain`` asks for it."""
-    literal = {"query": text, "type": "most_fields", "fields": fields_for(classes)}
+    runs the named clauses again for every hit, so only ``--explain`` asks for it.
+    ``filter``: a query the hits must match, not scored (a user's own filter)."""
+    literal = {"query": text, "type": "most_fields", "fields": fields_for(classes, layout)}
     should: list[dict] = [{"multi_match": {**({"_name": "literal"} if named else {}), **literal}}]
-    for term in _term_params(expansion or {}, w, classes) if w else []:
+    for term in _term_params(expansion or {}, w, classes, layout) if w else []:
         clause = {"value": term["value"], "boost": term["boost"]}
         should.append({"term": {term["field"]: {**({"_name": term["name"]} if named else {}),
                                                 **clause}}})
     should.append({"match_none": {}})
-    return {"size": size, "query": {"bool": {"should": should}}}
+    query: dict = {"should": should}
+    if filter:
+        query = {"filter": filter, **query, "minimum_should_match": 1}
+    return {"size": size, "query": {"bool": query}}
 
 
-def _term_params(expansion: Mapping[str, int], w: float, classes: Classes) -> list[dict]:
-    fields = expansion_fields(classes)
+def _term_params(expansion: Mapping[str, int], w: float, classes: Classes,
+                 layout: Layout = OWN) -> list[dict]:
+    fields = expansion_fields(classes, layout)
     return [{"field": f, "value": term, "boost": w * count,
              "name": f"expansion:{term}" + (f"@{f}" if len(fields) > 1 else "")}
             for f in fields for term, count in expansion.items()]
@@ -86,13 +89,17 @@ def expansion_terms(norms: Sequence[str]) -> dict[str, int]:
 def template_params(text: str, expansion: Mapping[str, int] | None = None, *,
                     w: float = DEFAULT_W,
                     size: int = 10, classes: Classes = "both", named: bool = False,
-                    phrases: Sequence[str] = ()) -> dict:
+                    phrases: Sequence[str] = (), layout: Layout = OWN,
+                    filter: dict | None = None) -> dict:
     """Parameters of the stored template: ``expansion`` as ``build_query`` takes it, or
-    ``phrases`` as a person types them (the engine analyses each, one clause per phrase)."""
+    ``phrases`` as a person types them (the engine analyses each, one clause per phrase).
+    ``filter``: one query object the hits must match."""
     params: dict = {"query": text, "expansion": list(phrases), "w": w, "size": size,
-                    "terms": _term_params(expansion or {}, w, classes) if w else []}
+                    "terms": _term_params(expansion or {}, w, classes, layout) if w else []}
     if named:
         params["named"] = True
+    if filter:
+        params["filter"] = filter
     if classes in ("echo", "none"):
         params["skip_bridge"] = True
     if classes in ("bridge", "none"):
@@ -100,10 +107,21 @@ def template_params(text: str, expansion: Mapping[str, int] | None = None, *,
     return params
 
 
-def install_template(engine: Engine) -> str:
+def template_source(layout: Layout = OWN) -> str:
+    """The two-clause template (``mappings/search-template.mustache``) for a layout's fields."""
+    def listed(fields: Sequence[str]) -> str:
+        return ", ".join(json.dumps(f) for f in fields)
+
     source = mappings_dir().joinpath("search-template.mustache").read_text("utf-8")
-    engine.put_search_template(TEMPLATE_ID, source)
-    return TEMPLATE_ID
+    return (source.replace("@TEXT_FIELDS@", listed(layout.text_fields))
+            .replace("@BOTH_FIELDS@", listed(layout.expansion_fields("both")))
+            .replace("@ECHO@", json.dumps(ECHO_FIELD))
+            .replace("@BRIDGE@", json.dumps(BRIDGE_FIELD)))
+
+
+def install_template(engine: Engine, layout: Layout = OWN) -> str:
+    engine.put_search_template(layout.template_id, template_source(layout))
+    return layout.template_id
 
 
 # -- results -------------------------------------------------------------------------------
@@ -223,9 +241,8 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
 # -- search --------------------------------------------------------------------------------
 
 
-def _hits(response: dict) -> list[Hit]:
-    return [Hit(h["_id"], float(h["_score"] or 0.0), h["_source"].get("title", ""),
-                h["_source"].get("text", ""),
+def _hits(response: dict, layout: Layout = OWN) -> list[Hit]:
+    return [Hit(h["_id"], float(h["_score"] or 0.0), *layout.title_text(h.get("_source", {})),
                 sorted(h.get("matched_queries", []), key=lambda n: (n != "literal", n)),
                 _matched_terms(h.get("_explanation")))
             for h in response["hits"]["hits"]]
@@ -271,12 +288,17 @@ def combine(rankings: list[list[Hit]], size: int) -> list[Hit]:
 
 def search_bodies(text: str, searched: Mapping[str, int], also: Sequence[str] = (), *,
                   w: float, classes: Classes, size: int, explain: bool = False,
-                  source: Sequence[str] | bool = ("title", "text")) -> list[dict]:
+                  source: Sequence[str] | bool | None = None, layout: Layout = OWN,
+                  filter: dict | None = None) -> list[dict]:
     """The requests of one search (``search`` and the bench send the same): the two-clause
     query of ``text`` with the validated sketch's terms, then the literal query of each other
-    phrasing; several rankings are fused with ``rrf``."""
-    bodies = [build_query(text, searched, w=w, size=size, classes=classes, named=explain)]
-    bodies += [build_query(a, size=size, classes=classes, named=explain) for a in also]
+    phrasing; several rankings are fused with ``rrf``. ``source``: what each hit returns
+    (default: the layout's text fields)."""
+    shape = {"classes": classes, "size": size, "named": explain, "layout": layout,
+             "filter": filter}
+    bodies = [build_query(text, searched, w=w, **shape)]
+    bodies += [build_query(a, **shape) for a in also]
+    source = list(layout.fields) if source is None else source
     for body in bodies:
         body["_source"] = list(source) if not isinstance(source, bool) else source
         body["explain"] = explain
@@ -299,15 +321,18 @@ def search(
     max_sketch_terms: int | None = None,
     size: int = 10,
     explain: bool = False,
+    filter: dict | None = None,
 ) -> SearchResult:
     """Search the enriched index. ``expand``: ask the model for a sketch; ``expansion``:
     sketch terms given by the caller (e.g. recorded); either way they are validated against
     the index first. ``also``: more phrasings of the same need, fused with equal weight.
     ``profile``: the ranking parameters (default: the one stored with the index, see
     ``pipeline.profile``); ``w``, ``max_n``, ``classes`` and ``max_sketch_terms`` override
-    it for this search."""
+    it for this search. ``filter``: a query the hits must match (not scored). The fields
+    searched are the index's (``Layout``: its own layout, or those ``sira attach`` named)."""
     index = settings.index.name
     meta = engine.get_meta(index)
+    layout = Layout.of(meta)
     profile = (profile or Profile.for_index(meta, settings)).overridden(
         w=w, max_n=max_n, classes=classes, max_sketch_terms=max_sketch_terms)
     result = SearchResult(text, [], 0, 0, also=list(also), profile=profile.stored())
@@ -319,7 +344,7 @@ def search(
     if sketch:
         result.cap = active_cap(engine, index, meta, profile)
         result.expansion, result.dropped, searched = validate(
-            engine, index, sketch, result.cap, profile.max_n,
+            engine, index, sketch, result.cap, profile.max_n, layout.phrase_fields(True),
             max_sketch_terms=profile.max_sketch_terms)
         if not result.expansion:
             result.expansion_note = "no sketch term passed validation"
@@ -327,11 +352,11 @@ def search(
         result.expansion_note = "the model proposed no terms"
 
     bodies = search_bodies(text, searched, also, w=profile.w, classes=profile.classes,
-                           size=size, explain=explain)
+                           size=size, explain=explain, layout=layout, filter=filter)
     responses = engine.msearch(index, bodies)
     result.took_ms = sum(int(r["took"]) for r in responses)
     result.total = int(responses[0]["hits"]["total"]["value"])
-    rankings = [_hits(r) for r in responses]
+    rankings = [_hits(r, layout) for r in responses]
     result.hits = combine(rankings, size)
     return result
 

@@ -1,4 +1,5 @@
-"""Proposed terms: normalised through the index's own analyzer (so index and query agree),
+"""Proposed terms: normalised through the enrichment fields' analyzer (so index and query
+agree),
 de-duplicated, decomposed into n-grams, and classified as echo (shares an analysed token with
 its document) or bridge (shares none)."""
 
@@ -8,9 +9,11 @@ import re
 from dataclasses import dataclass
 
 from pipeline.engine import Engine
-from pipeline.schema import ENRICHED_FIELD, TEXT_FIELD  # noqa: F401 (re-exported)
+from pipeline.schema import ECHO_FIELD
 
-ANALYZER = "sira_english"
+# the enrichment field's analyzer: sira_english in the own layout; in an attached index the
+# analyzer of its first source field (pipeline.attach)
+ANALYZED_AS = ECHO_FIELD
 WORD = re.compile(r"\w+(?:['’-]\w+)*")
 CLASSIFY_CHARS = 50_000  # how much of a long document is compared against its terms
 ECHO, BRIDGE = "echo", "bridge"
@@ -38,7 +41,7 @@ def ngrams(tokens: list[str], max_n: int) -> list[str]:
 
 def normalize(engine: Engine, index: str, phrases: list[str]) -> list[str]:
     """The analysed form of each phrase ('' when nothing survives analysis)."""
-    return [" ".join(tokens) for tokens in engine.analyze(index, phrases, analyzer=ANALYZER)]
+    return [" ".join(tokens) for tokens in engine.analyze(index, phrases, field=ANALYZED_AS)]
 
 
 def prepare(engine: Engine, index: str, proposals: dict[str, list[str]],
@@ -50,7 +53,7 @@ def prepare(engine: Engine, index: str, proposals: dict[str, list[str]],
     norms = normalize(engine, index, [phrase for _, phrase in flat])
     ids = list(proposals)
     doc_tokens = dict(zip(ids, engine.analyze(
-        index, [documents.get(i, "")[:CLASSIFY_CHARS] for i in ids], analyzer=ANALYZER),
+        index, [documents.get(i, "")[:CLASSIFY_CHARS] for i in ids], field=ANALYZED_AS),
         strict=True))
     out: dict[str, list[Term]] = {doc_id: [] for doc_id in ids}
     seen: dict[str, set[str]] = {doc_id: set() for doc_id in ids}

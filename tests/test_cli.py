@@ -198,7 +198,7 @@ def test_enrich_refilter_stats_commands(opensearch: Engine, monkeypatch: pytest.
             assert merged.exit_code == 0, merged.output
             assert "force-merged into 1 segment(s), 0 deleted copies left" in merged.output
             assert opensearch.segments(index) == {"segments": 1, "deleted_docs": 0}
-            assert opensearch.get(index, "d0")["enrich_bridge"] == ["unique0"]
+            assert opensearch.get(index, "d0")["sira"]["bridge"] == ["unique0"]
 
             stats = runner.invoke(app, ["--index", index, "stats", "--k", "1"])
             assert stats.exit_code == 0, stats.output

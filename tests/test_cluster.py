@@ -22,7 +22,7 @@ def test_multi_shard_counts_are_exact(cluster: Engine, index_settings: IndexSett
         for i in range(300):
             words = rng.sample(WORDS, k=rng.randint(1, 4))
             docs.append({"_id": f"doc-{i}", "title": f"note {i}", "text": " ".join(words),
-                         "proposed_terms": [f"tag-{w}" for w in words[:2]]})
+                         "sira": {"proposed_terms": [f"tag-{w}" for w in words[:2]]}})
         result = cluster.bulk_index(settings.name, docs, chunk_size=64)
         assert (result.ok, result.failed) == (300, 0)
         cluster.refresh(settings.name)
@@ -32,9 +32,9 @@ def test_multi_shard_counts_are_exact(cluster: Engine, index_settings: IndexSett
         assert len(primaries) == 3
         assert len({s["node"] for s in shards}) == 3  # spread over the three nodes
 
-        tag_df = Counter(t for d in docs for t in d["proposed_terms"])
-        aggs = cluster.aggregate(settings.name,
-                                 {"tags": {"terms": {"field": "proposed_terms", "size": 100}}})
+        tag_df = Counter(t for d in docs for t in d["sira"]["proposed_terms"])
+        aggs = cluster.aggregate(settings.name, {"tags": {"terms": {
+            "field": "sira.proposed_terms", "size": 100}}})
         assert {b["key"]: b["doc_count"] for b in aggs["tags"]["buckets"]} == tag_df
 
         text_df = Counter(w for d in docs for w in set(d["text"].split()))

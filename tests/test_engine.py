@@ -18,11 +18,14 @@ def test_index_created_from_mappings(engine: Engine, fresh_index: IndexSettings)
     mapping = engine.get_mapping(fresh_index.name)
     props = mapping["properties"]
     assert mapping["dynamic"] == "strict"
-    for name in ("title", "text", "contents", "enrich_echo", "enrich_bridge"):
-        assert props[name]["type"] == "text"
-        assert props[name]["similarity"] == "sira_bm25"
-    assert props["proposed_terms"]["type"] == "keyword"
-    assert props["sira_proposals"]["enabled"] is False
+    sira = props["sira"]["properties"]
+    for field in (props["title"], props["text"], props["contents"], sira["echo"],
+                  sira["bridge"]):
+        assert field["type"] == "text"
+        assert field["similarity"] == "sira_bm25"
+    assert sira["echo"]["copy_to"] == sira["bridge"]["copy_to"] == ["enriched"]
+    assert sira["proposed_terms"]["type"] == "keyword"
+    assert sira["proposals"]["enabled"] is False
     assert props["sira"]["properties"]["content_hash"]["type"] == "keyword"
     assert props["sira"]["properties"]["enriched_at"]["type"] == "date"
 
@@ -77,14 +80,14 @@ def test_partial_update_merges_and_reports_missing(engine: Engine, fresh_index: 
                                                    ) -> None:
     engine.bulk_index(fresh_index.name, DOCS)
     result = engine.bulk_update(fresh_index.name, [
-        ("d1", {"proposed_terms": ["canine exercise"], "sira": {"status": "proposed"}}),
-        ("missing", {"proposed_terms": ["x"]}),
+        ("d1", {"sira": {"proposed_terms": ["canine exercise"], "status": "proposed"}}),
+        ("missing", {"sira": {"proposed_terms": ["x"]}}),
     ])
     assert result.ok == 1
     assert [(f.id, f.status) for f in result.failures] == [("missing", 404)]
     stored = engine.get(fresh_index.name, "d1")
     assert stored["title"] == "Running dogs"  # untouched fields stay
-    assert stored["proposed_terms"] == ["canine exercise"]
+    assert stored["sira"]["proposed_terms"] == ["canine exercise"]
     assert stored["sira"]["status"] == "proposed"
     assert engine.get(fresh_index.name, "missing") is None
 
@@ -97,24 +100,26 @@ def test_force_merge_drops_deleted_copies_on_elasticsearch(elasticsearch: Engine
     try:
         elasticsearch.bulk_index(index_settings.name, DOCS)
         elasticsearch.bulk_update(index_settings.name,
-                                  [(d["_id"], {"proposed_terms": ["x"]}) for d in DOCS])
+                                  [(d["_id"], {"sira": {"proposed_terms": ["x"]}})
+                                   for d in DOCS])
         elasticsearch.refresh(index_settings.name)
         assert elasticsearch.segments(index_settings.name)["deleted_docs"] > 0
         assert elasticsearch.force_merge(index_settings.name) == \
             {"segments": 1, "deleted_docs": 0}
-        assert elasticsearch.get(index_settings.name, "d1")["proposed_terms"] == ["x"]
+        assert elasticsearch.get(index_settings.name, "d1")["sira"]["proposed_terms"] == ["x"]
     finally:
         elasticsearch.delete_index(index_settings.name)
 
 
 def test_search_and_aggregations(engine: Engine, fresh_index: IndexSettings) -> None:
-    docs = [dict(d, proposed_terms=terms) for d, terms in
+    docs = [dict(d, sira={"proposed_terms": terms}) for d, terms in
             zip(DOCS, [["pets", "exercise"], ["pets"], ["oncology"]], strict=True)]
     engine.bulk_index(fresh_index.name, docs)
     engine.refresh(fresh_index.name)
     hits = engine.search(fresh_index.name, {"query": {"match": {"contents": "lung screening"}}})
     assert [h["_id"] for h in hits["hits"]["hits"]] == ["d3"]
-    aggs = engine.aggregate(fresh_index.name, {"tags": {"terms": {"field": "proposed_terms"}}})
+    aggs = engine.aggregate(fresh_index.name,
+                            {"tags": {"terms": {"field": "sira.proposed_terms"}}})
     counts = {b["key"]: b["doc_count"] for b in aggs["tags"]["buckets"]}
     assert counts == {"pets": 2, "exercise": 1, "oncology": 1}
     responses = engine.msearch(fresh_index.name, [

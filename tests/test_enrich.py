@@ -16,6 +16,7 @@ from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
 from pipeline.engine import Engine
 from pipeline.llm import ModelClient
 from pipeline.loaders import Document
+from pipeline.schema import OWN
 
 ANSWERS = {
     "Heap sizing": ["JVM heap", "garbage collector", "Xmx flag", "the"],
@@ -71,7 +72,7 @@ def test_propose_apply_and_idempotence(engine: Engine, fresh_index: IndexSetting
     assert huge["status"] == "failed" and "engine rejected the proposals" in huge["reason"]
 
     heap = engine.get(fresh_index.name, "heap")
-    stored = heap["sira_proposals"]
+    stored = heap["sira"]["proposals"]
     assert stored["model"] == "test-model"
     assert stored["prompt_version"] == enrich.prompt_for(settings).version
     assert stored["stance"] == "new+key"
@@ -86,13 +87,13 @@ def test_propose_apply_and_idempotence(engine: Engine, fresh_index: IndexSetting
     applied = enrich.apply(engine, settings)
     assert applied.enriched == 3 and applied.cap is None
     heap = engine.get(fresh_index.name, "heap")
-    assert heap["enrich_echo"] == ["JVM heap"]
-    assert sorted(heap["enrich_bridge"]) == ["Xmx flag", "garbage collector"]
+    assert heap["sira"]["echo"] == ["JVM heap"]
+    assert sorted(heap["sira"]["bridge"]) == ["Xmx flag", "garbage collector"]
     assert heap["sira"]["status"] == "enriched"
     assert engine.get(fresh_index.name, "poison")["sira"]["status"] == "failed"
     # a bridge term now finds its document, which the text alone does not
     query = {"query": {"multi_match": {"query": "garbage collector",
-                                       "fields": ["contents", "enrich_bridge"]}}}
+                                       "fields": ["contents", "sira.bridge"]}}}
     hits = engine.search(fresh_index.name, query)["hits"]["hits"]
     assert [h["_id"] for h in hits] == ["heap"]
 
@@ -125,7 +126,7 @@ def test_df_is_exact_on_a_multi_shard_index(cluster: Engine, index_settings: Ind
             docs.append((f"d{i}", f"doc {i}", " ".join(words)))
             proposals[f"d{i}"] = rng.sample(vocab, 2) + [f"{words[0]} {words[1]}"]
         load(cluster, index.name, docs)
-        sources = cluster.mget(index.name, list(proposals), source=enrich.DOC_SOURCE)
+        sources = cluster.mget(index.name, list(proposals), source=OWN.read())
         enrich.store_proposals(cluster, index.name, proposals, sources, model="m",
                                prompt_version="p", stance="new+key")
         cluster.refresh(index.name)
@@ -176,7 +177,7 @@ def test_ratio_cap_does_not_scale_rank_does(opensearch: Engine, index_settings: 
         def kept(policy: policies.Policy) -> list[str]:
             enrich.apply(opensearch, settings, policy)
             doc = opensearch.get(name, "b0")
-            return sorted(doc.get("enrich_echo", []) + doc.get("enrich_bridge", []))
+            return sorted(doc["sira"].get("echo", []) + doc["sira"].get("bridge", []))
 
         ratio, rank = policies.make("ratio", ratio=0.05), policies.make("rank", rank_k=2)
         assert kept(ratio) == ["specific0"]  # cap 5: both common terms dropped
@@ -230,9 +231,9 @@ def test_batch_output_and_plain_jsonl_store_the_same(engine: Engine, index_setti
 
         def stored(name: str, doc_id: str) -> dict:
             doc = engine.get(name, doc_id)
-            doc["sira_proposals"].pop("at")
-            return {k: doc[k] for k in ("sira_proposals", "proposed_terms")} | {
-                "sira": {k: doc["sira"][k] for k in ("model", "prompt_version", "status")}}
+            doc["sira"]["proposals"].pop("at")
+            return {"sira": {k: doc["sira"][k] for k in (
+                "proposals", "proposed_terms", "model", "prompt_version", "status")}}
 
         for doc_id in terms:
             assert stored(names[0], doc_id) == stored(names[1], doc_id)

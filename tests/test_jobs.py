@@ -89,7 +89,7 @@ def job_in_background(engine: Engine, settings: Settings, source: Path,
 
 def enriched_docs(engine: Engine, index: str) -> dict[str, dict]:
     return {h["_id"]: h["_source"] for h in engine.scan(
-        index, source=["sira", "proposed_terms", "enrich_echo", "enrich_bridge"])}
+        index, source=["sira"])}
 
 
 def test_job_enriches_every_document_and_resumes(opensearch: Engine, redis: RedisServer,
@@ -151,7 +151,7 @@ def test_kill_9_of_a_worker_mid_batch(opensearch: Engine, redis: RedisServer,
             docs = enriched_docs(opensearch, index)
             assert all(d["sira"]["status"] == "enriched" for d in docs.values())
             for d in docs.values():  # no duplicated proposals
-                assert len(d["proposed_terms"]) == len(set(d["proposed_terms"]))
+                assert len(d["sira"]["proposed_terms"]) == len(set(d["sira"]["proposed_terms"]))
             # every request is counted, the killed batch's too (its first request is counted
             # before it is sent, so a kill between the two can only over-count)
             assert 0 <= summary.model_calls - model.requests <= settings.enrich.batch_docs

@@ -14,6 +14,7 @@ from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
 from pipeline.engine import Engine
 from pipeline.llm import ModelClient
 from pipeline.loaders import Document
+from pipeline.schema import OWN
 
 DOCS = [
     ("heap", "Heap sizing", "Give the JVM half of the memory and keep it under 31 GB."),
@@ -32,7 +33,7 @@ def build(engine: Engine, name: str, shards: int = 1) -> Settings:
     engine.create_index(settings.index)
     engine.bulk_index(name, [Document(i, t, x).to_index() for i, t, x in DOCS])
     engine.refresh(name)
-    sources = engine.mget(name, list(PROPOSALS), source=enrich.DOC_SOURCE)
+    sources = engine.mget(name, list(PROPOSALS), source=OWN.read())
     enrich.store_proposals(engine, name, PROPOSALS, sources, model="m", prompt_version="p",
                            stance="new+key")
     enrich.apply(engine, settings)
@@ -116,7 +117,7 @@ def test_w_zero_is_plain_bm25_and_expansion_helps(enriched: tuple[Engine, Settin
     index = settings.index.name
     plain = engine.search(index, {"query": {"multi_match": {
         "query": "memory", "type": "most_fields",
-        "fields": ["enrich_echo", "enrich_bridge", "contents"]}}})["hits"]["hits"]
+        "fields": ["sira.echo", "sira.bridge", "contents"]}}})["hits"]["hits"]
     zero = query.search(engine, settings, "memory", expansion=["backup"], w=0.0)
     assert [(h.id, round(h.score, 5)) for h in zero.hits] == \
         [(h["_id"], round(h["_score"], 5)) for h in plain]
@@ -132,7 +133,7 @@ def test_enrichment_classes_and_explain(enriched: tuple[Engine, Settings]) -> No
     assert ids(query.search(engine, settings, "garbage collection", classes="none")) == []
     hit = query.search(engine, settings, "garbage collection memory", explain=True).hits[0]
     assert hit.id == "heap" and hit.matched_queries == ["literal"]
-    assert set(hit.matched_terms) == {"enrich_bridge", "contents"}
+    assert set(hit.matched_terms) == {"sira.bridge", "contents"}
     assert hit.matched_terms["contents"] == ["memori"] if engine.capabilities.stemming \
         else hit.matched_terms["contents"] == ["memory"]
     # each sketch term says whether it matched, whichever clause comes last

@@ -58,7 +58,7 @@ def test_the_two_clause_query() -> None:
     assert plain["size"] == 5
     assert _should(plain)[0]["multi_match"] == {
         "query": "disk watermark", "type": "most_fields",
-        "fields": ["enrich_echo", "enrich_bridge", "contents"]}
+        "fields": ["sira.echo", "sira.bridge", "contents"]}
     assert [next(iter(c)) for c in _should(plain)] == ["multi_match", "match_none"]
     # w = 0 drops the sketch: exactly the literal query
     assert query.build_query("disk watermark", {"flood": 1}, w=0.0, size=5) == plain
@@ -74,7 +74,7 @@ def test_the_two_clause_query() -> None:
     named = query.build_query("disk", {"flood": 1}, w=1.0, classes="echo", named=True)
     names = [c["multi_match"]["_name"] if "multi_match" in c else
              next(iter(c["term"].values()))["_name"] for c in _should(named)[:-1]]
-    assert names == ["literal", "expansion:flood@enrich_echo", "expansion:flood@contents"]
+    assert names == ["literal", "expansion:flood@sira.echo", "expansion:flood@contents"]
 
 
 def test_expansion_terms_count_repeats_and_search_bodies() -> None:

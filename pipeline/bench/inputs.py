@@ -29,7 +29,7 @@ def _file_key(path: Path | None) -> str:
 
 def bench_key(dataset: Path, proposals: Path | None, settings: Settings) -> str:
     mapping_text = "".join(mappings_dir().joinpath(n).read_text("utf-8") for n in
-                           ("index.json", "analysis-english.json",
+                           ("index.json", "sira.json", "analysis-english.json",
                             "analysis-english-nostem.json"))
     parts = [_file_key(dataset / "corpus.jsonl"), _file_key(proposals), mapping_text,
              settings.index.bm25_k1, settings.index.bm25_b, settings.index.max_ngram,

@@ -124,8 +124,9 @@ class Applier:
         def documents() -> Iterator[dict]:
             for hit in self.engine.scan(self.base):
                 doc = {"_id": hit["_id"], **hit["_source"]}
-                if doc.get("sira", {}).get("proposed_hash") is not None:
-                    doc["enrich_echo"], doc["enrich_bridge"] = enrich.enrichment_fields(
+                sira = doc.get("sira", {})
+                if sira.get("proposed_hash") is not None:
+                    sira["echo"], sira["bridge"] = enrich.enrichment_fields(
                         enrich.kept_terms(enrich.stored_terms(doc), self.table.df, cap))
                 yield doc
 
