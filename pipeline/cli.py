@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,7 +20,15 @@ from rich.table import Table
 from pipeline import batchfiles, enrich, local, policies
 from pipeline.config import DfBasis, EngineKind, Settings, Stance, redact_url
 from pipeline.engine import Engine, EngineUnavailable, describe_error
-from pipeline.jobs import IndexSummary, JobFailed, JobSummary, index_corpus, merge_line, reindex
+from pipeline.jobs import (
+    IndexSummary,
+    JobFailed,
+    JobSummary,
+    index_as_is,
+    index_corpus,
+    merge_line,
+    reindex,
+)
 from pipeline.llm import ModelClient, NotConfigured
 from pipeline.loaders import CorpusError, count_items, is_beir_folder, load_queries
 from pipeline.local import servers
@@ -70,6 +79,9 @@ profile_app = _App(help="The search profile stored with an index (w, max_n, clas
 app.add_typer(profile_app, name="profile")
 template_app = _App(help="The stored search template.", no_args_is_help=True)
 app.add_typer(template_app, name="template")
+cache_app = _App(help="The proposal cache (one entry per text, prompt version and model).",
+                 no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
 
 out = Console(soft_wrap=True, markup=False)  # printed text comes from data: no markup
 err = Console(stderr=True, soft_wrap=True, markup=False)
@@ -241,15 +253,36 @@ def index_cmd(
     recreate: Annotated[bool, typer.Option(help="Drop the index first.")] = False,
     shards: Annotated[int | None, typer.Option(help="Primary shards of a new index.")] = None,
     strict: Annotated[bool, typer.Option(help="Exit 1 if any input was skipped.")] = False,
+    fields: Annotated[str | None, typer.Option(
+        help="Keep every field of every JSON line as it is, in an index of your shape, "
+             "attached with these comma-separated text fields (the model reads them).")]
+    = None,
+    mapping: Annotated[Path | None, typer.Option(
+        help="With --fields: the new index's mapping (or {settings, mappings}); default: "
+             "the engine's dynamic mapping.")] = None,
     index: IndexOpt = None,
 ) -> None:
-    """Load a corpus into the index (created from mappings/ if missing)."""
+    """Load a corpus into the index (created from mappings/ if missing; with --fields, in
+    your own shape, every field kept)."""
     settings = _settings(ctx, index)
     if shards:
         settings = _with(settings, index={"shards": shards})
+    if mapping and not fields:
+        raise _fail("--mapping goes with --fields (the text fields the model reads)")
     engine = _connect(settings)
     try:
-        summary = _index(settings, engine, path, recreate)
+        if fields:
+            if recreate:
+                engine.delete_index(settings.index.name)
+            with _progress() as bars:
+                summary = index_as_is(engine, settings, path,
+                                      [f.strip() for f in fields.split(",")],
+                                      mapping_file=mapping,
+                                      on_doc=bars.bar("indexing", count_items(path)))
+            _print_problems(summary)
+            out.print(f"{settings.index.name}: {summary.line()}")
+        else:
+            summary = _index(settings, engine, path, recreate)
     except CorpusError as exc:
         raise _fail(str(exc)) from exc
     if summary.load.loaded == 0:
@@ -569,7 +602,8 @@ def import_proposals_cmd(
 
 
 def _run_job(settings: Settings, engine: Engine, source: str | None, workers: int,
-             timeout: float | None, force_merge: bool = False) -> JobSummary:
+             timeout: float | None, force_merge: bool = False,
+             fields: list[str] | None = None) -> JobSummary:
     from pipeline.local.workers import LocalWorkers
 
     if workers:
@@ -579,7 +613,7 @@ def _run_job(settings: Settings, engine: Engine, source: str | None, workers: in
         show = bars.counter("documents proposed or failed")
         with LocalWorkers(settings, workers) if workers else contextlib.nullcontext():
             return reindex(engine, settings, source, on_progress=show, timeout=timeout,
-                           force_merge=force_merge)
+                           force_merge=force_merge, fields=fields)
 
 
 @app.command("reindex")
@@ -594,9 +628,15 @@ def reindex_cmd(
     timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")]
     = None,
     force_merge: MergeOpt = False,
+    fields: Annotated[str | None, typer.Option(help="For a source index of your own: the "
+                                               "comma-separated text fields the model reads "
+                                               "(default: the source's attached ones).")]
+    = None,
 ) -> None:
     """Copy documents into the target, enrich them with Celery workers, apply the filter.
-    Re-running resumes: only pending, failed-and-retryable or changed documents are sent."""
+    A source index of your own is copied whole (its mapping, settings and every field) into
+    an attached target. Re-running resumes: only pending, failed-and-retryable or changed
+    documents are sent."""
     settings = _settings(ctx)
     settings = _with(settings, index={"name": target})
     if not settings.llm.url:
@@ -604,7 +644,8 @@ def reindex_cmd(
                     "/v1 URL), or import recorded proposals with `sira import-proposals`")
     engine = _connect(settings)
     try:
-        summary = _run_job(settings, engine, source, workers, timeout, force_merge)
+        summary = _run_job(settings, engine, source, workers, timeout, force_merge,
+                           [f.strip() for f in fields.split(",")] if fields else None)
     except (JobFailed, CorpusError) as exc:
         raise _fail(str(exc), 1) from exc
     for problem in summary.load.problems[:20]:
@@ -616,6 +657,157 @@ def reindex_cmd(
     out.print(summary.line(), highlight=False)
     if summary.failed or summary.rejected or summary.skipped_input:
         raise typer.Exit(1)
+
+
+# -- your own index: attach, detach, follow, the cache ----------------------------------------
+
+
+@app.command("attach")
+def attach_cmd(
+    ctx: typer.Context,
+    index: Annotated[str, typer.Argument(help="An existing index (any mapping).")],
+    fields: Annotated[str, typer.Option(help="Comma-separated text fields the model reads "
+                                        "(the first plays the title).")],
+) -> None:
+    """Attach enrichment to an index of yours: adds the sira object to its mapping (no user
+    field is touched), records the fields in its _meta, stores its search template."""
+    from pipeline.attach import AttachError, attach
+
+    settings = _settings(ctx, index)
+    engine = _connect(settings)
+    names = [f.strip() for f in fields.split(",")]
+    policy = Profile.for_index(engine.get_meta(index) if engine.index_exists(index) else {},
+                               settings).filter_policy()
+    try:
+        result = attach(engine, index, names, prompt_version=enrich.prompt_for(settings).version,
+                        policy=policy.stored())
+    except AttachError as exc:
+        raise _fail(str(exc)) from exc
+    for line in result.changed or ["already attached with these fields: nothing to do"]:
+        out.print(f"{index}: {line}", highlight=False)
+    for note in result.notes:
+        out.print(f"{index}: note: {note}", highlight=False)
+    out.print(f"next: `sira follow {index} --once` enriches what it holds (SIRA_LLM__URL for "
+              "the model); `sira follow` keeps it enriched as your writers feed it",
+              highlight=False)
+
+
+@app.command("detach")
+def detach_cmd(ctx: typer.Context,
+               index: Annotated[str, typer.Argument(help="An attached index.")]) -> None:
+    """Remove what attach set that can be removed, and say what stays."""
+    from pipeline.attach import AttachError, detach
+
+    engine = _connect(_settings(ctx, index))
+    try:
+        result = detach(engine, index)
+    except AttachError as exc:
+        raise _fail(str(exc)) from exc
+    for line in result.removed:
+        out.print(f"{index}: removed {line}", highlight=False)
+    for line in result.stays:
+        out.print(f"{index}: stays: {line}", highlight=False)
+
+
+@app.command("follow")
+def follow_cmd(
+    ctx: typer.Context,
+    index: Annotated[str, typer.Argument(help="An attached index, or one of sira's own.")],
+    once: Annotated[bool, typer.Option("--once", help="One round, then exit (cron, "
+                                       "Kubernetes Jobs); non-zero if documents failed.")]
+    = False,
+    interval: Annotated[float, typer.Option(help="Seconds between rounds.")] = 30.0,
+    workers: Annotated[int, typer.Option(help="Start this many local Celery workers and send "
+                                         "the documents through them (0: send them from "
+                                         "this process, or through the workers of "
+                                         "SIRA_WORKER__BROKER_URL if set).")] = 0,
+) -> None:
+    """Keep an index enriched while any writer feeds it: new, overwritten and changed
+    documents get proposals (from the cache, else the model), the filter follows the
+    collection; prints the lag every round."""
+    import signal
+
+    from pipeline.follow import Follower
+    from pipeline.local.workers import LocalWorkers
+
+    settings = _settings(ctx, index)
+    engine = _connect(settings)
+    if not engine.index_exists(index):
+        raise _fail(f"{index}: no such index")
+    client = None
+    if settings.llm.url:
+        client = ModelClient(settings.llm)
+    else:
+        out.print("no model server configured (SIRA_LLM__URL): restoring from the proposal "
+                  "cache only; other documents wait", highlight=False)
+    use_job = client is not None and (workers > 0 or bool(settings.worker.broker_url))
+    stop = {"now": False}
+
+    def finish(signum: int, frame: object) -> None:  # end after the round in hand
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, finish)
+    with LocalWorkers(settings, workers) if workers else contextlib.nullcontext():
+        follower = Follower(engine, settings, client,
+                            run_job=(lambda: reindex(engine, settings, None)) if use_job
+                            else None)
+        while True:
+            try:
+                result = follower.round()
+            except JobFailed as exc:
+                raise _fail(str(exc), 1) from exc
+            out.print(result.line(), highlight=False)
+            for failure in result.rejected[:20]:
+                err.print(str(failure), highlight=False)
+            if once:
+                if result.failed or result.rejected:
+                    raise typer.Exit(1)
+                return
+            deadline = time.monotonic() + interval
+            while not stop["now"] and time.monotonic() < deadline:
+                time.sleep(min(1.0, interval))
+            if stop["now"]:
+                out.print(f"{index}: stopped (SIGTERM); the next follower carries on")
+                return
+
+
+@cache_app.command("stats")
+def cache_stats(ctx: typer.Context) -> None:
+    """Entries, size, and what they were made with."""
+    from pipeline.cache import ProposalCache
+
+    settings = _settings(ctx)
+    if not settings.enrich.cache_index:
+        raise _fail("the proposal cache is off (SIRA_ENRICH__CACHE_INDEX is empty)")
+    out.print_json(json.dumps(ProposalCache(_connect(settings),
+                                            settings.enrich.cache_index).stats()))
+
+
+@cache_app.command("prune")
+def cache_prune(
+    ctx: typer.Context,
+    older_than: Annotated[float | None, typer.Option(help="Entries older than this many "
+                                                     "days.")] = None,
+    model: Annotated[str | None, typer.Option(help="Entries of this model.")] = None,
+    prompt_version: Annotated[str | None, typer.Option(help="Entries of this prompt "
+                                                       "version.")] = None,
+    keep_current_prompt: Annotated[bool, typer.Option(
+        help="Entries of every prompt version but the current one.")] = False,
+) -> None:
+    """Delete cache entries (they only cost a model call when their text comes back)."""
+    from pipeline.cache import ProposalCache
+
+    settings = _settings(ctx)
+    if not settings.enrich.cache_index:
+        raise _fail("the proposal cache is off (SIRA_ENRICH__CACHE_INDEX is empty)")
+    cache = ProposalCache(_connect(settings), settings.enrich.cache_index)
+    keep = enrich.prompt_for(settings).version if keep_current_prompt else None
+    try:
+        gone = cache.prune(older_than_days=older_than, model=model,
+                           prompt_version=prompt_version, keep_prompt=keep)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    out.print(f"{cache.index}: {gone} entries deleted")
 
 
 # -- bench ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ settings object never shows them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -110,6 +111,10 @@ class EnrichSettings(RedactedRepr, BaseModel):
     # what a term's document frequency counts: documents whose text contains the phrase,
     # documents the phrase was proposed for, or either.
     df_basis: DfBasis = "both"
+    # the proposal cache (pipeline.cache): "" turns it off. Read from the environment even
+    # when the section is built in code, so one variable turns it off everywhere.
+    cache_index: str = Field(default_factory=lambda: os.environ.get(
+        "SIRA_ENRICH__CACHE_INDEX", "sira-proposal-cache"))
 
 
 class WorkerSettings(RedactedRepr, BaseModel):

@@ -315,11 +315,15 @@ class Engine:
         self.client.cluster.health(index=name, wait_for_status="yellow")
         return True
 
-    def delete_by_query(self, index: str, query: dict) -> int:
-        """Delete the matching documents; how many were deleted."""
-        done = dict(self.client.delete_by_query(index=index, body={"query": query},
-                                                conflicts="proceed", refresh=True))
-        return int(done.get("deleted", 0))
+    def delete_matching(self, index: str, query: dict) -> int:
+        """Delete the matching documents (a scroll and bulk deletes: `_delete_by_query` is a
+        module the minimal Elasticsearch lacks); how many were deleted."""
+        self.refresh(index)
+        actions = ({"_op_type": "delete", "_index": index, "_id": hit["_id"]}
+                   for hit in self.scan(index, query, source=False))
+        result = self._bulk(actions, 500)
+        self.refresh(index)
+        return result.ok
 
     def index_exists(self, name: str) -> bool:
         return bool(self.client.indices.exists(index=name))
@@ -411,14 +415,18 @@ class Engine:
     def bulk_index(
         self, index: str, docs: Iterable[dict], *, chunk_size: int = 500
     ) -> BulkResult:
-        """Index (create or replace) documents; each needs an ``_id``. Rejected items are
-        returned with id and reason, never dropped."""
+        """Index (create or replace) documents by ``_id`` (None: the engine gives one).
+        ``_where`` (not stored; else ``source_path``) names a document in messages. Rejected
+        items are returned with id and reason, never dropped."""
 
         def actions() -> Iterator[dict]:
             for doc in docs:
-                source = {k: v for k, v in doc.items() if k != "_id"}
-                yield {"_op_type": "index", "_index": index, "_id": doc["_id"],
-                       "_source": source, "_where": doc.get("source_path")}  # for messages
+                source = {k: v for k, v in doc.items() if k not in ("_id", "_where")}
+                action = {"_op_type": "index", "_index": index, "_source": source,
+                          "_where": doc.get("_where") or doc.get("source_path")}
+                if doc.get("_id") is not None:
+                    action["_id"] = doc["_id"]
+                yield action
 
         return self._bulk(actions(), chunk_size)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 
 from pipeline import dfstats, policies, terms
+from pipeline.cache import Entry, ProposalCache
 from pipeline.config import DfBasis, Settings
 from pipeline.engine import BulkResult, Engine, ItemFailure
 from pipeline.llm import ModelClient
@@ -138,7 +139,9 @@ def claim(engine: Engine, index: str, ids: list[str], sources: dict[str, dict],
 class ProposeSummary:
     considered: int = 0
     unchanged: int = 0
-    proposed: int = 0
+    proposed: int = 0  # from the model or from the cache
+    cached: int = 0  # of which restored from the proposal cache (no model call)
+    waiting: int = 0  # need the model, and none is configured
     failed: int = 0
     model_calls: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
@@ -146,18 +149,43 @@ class ProposeSummary:
 
     def line(self) -> str:
         refused = f", {len(self.rejected)} rejected by the engine" if self.rejected else ""
+        waiting = (f", {self.waiting} waiting for a model server (SIRA_LLM__URL)"
+                   if self.waiting else "")
+        cached = f" ({self.cached} from the cache)" if self.cached else ""
         return (f"{self.considered} documents: {self.proposed} proposed, {self.failed} failed, "
-                f"{self.unchanged} unchanged (not sent){refused}; {self.model_calls} model calls")
+                f"{self.unchanged} unchanged (not sent){waiting}{refused}; "
+                f"{self.model_calls} model calls{cached}")
 
 
-def propose(engine: Engine, settings: Settings, client: ModelClient, *,
+def restore_cached(engine: Engine, index: str, cache: ProposalCache | None,
+                   todo: list[str], sources: dict[str, dict], *, prompt: Prompt, model: str,
+                   layout: Layout, job: str | None = None) -> tuple[list[str], BulkResult]:
+    """Store the cached proposals of ``todo``'s texts; returns the ids still to send."""
+    if cache is None or not todo:
+        return todo, BulkResult()
+    found = cache.lookup({i: layout.content_hash(sources[i]) for i in todo}, prompt.version,
+                         model)
+    if not found:
+        return todo, BulkResult()
+    written = store_proposals(engine, index, found, sources, model=model,
+                              prompt_version=prompt.version, stance=prompt.stance, job=job,
+                              layout=layout)
+    stored = set(found) - {f.id for f in written.failures}
+    return [i for i in todo if i not in stored], written
+
+
+def propose(engine: Engine, settings: Settings, client: ModelClient | None, *,
             ids: list[str] | None = None, job: str | None = None,
             on_progress: Callable[[int], None] | None = None) -> ProposeSummary:
-    """Send every document that needs proposals (all, or ``ids``) to the model, in batches.
-    ``job`` is recorded on each document sent, with its number of model calls."""
+    """Give every document that needs proposals (all, or ``ids``) its proposals, in batches:
+    from the proposal cache where the same text was proposed for before, else from the model
+    (``client``; None: the cache only, the rest wait). ``job`` is recorded on each document
+    sent, with its number of model calls."""
     index = settings.index.name
     layout = Layout.of(engine.get_meta(index))
     prompt = prompt_for(settings)
+    model = client.model if client else settings.llm.model
+    cache = ProposalCache.of(engine, settings.enrich.cache_index)
     summary = ProposeSummary()
     if ids is None:
         hits = ((h["_id"], h["_source"]) for h in engine.scan(index, source=layout.read()))
@@ -169,6 +197,17 @@ def propose(engine: Engine, settings: Settings, client: ModelClient, *,
         todo = [doc_id for doc_id, source in batch
                 if needs_proposals(source, prompt.version, layout)]
         summary.unchanged += len(batch) - len(todo)
+        todo, restored = restore_cached(engine, index, cache, todo, sources, prompt=prompt,
+                                        model=model, layout=layout, job=job)
+        summary.cached += restored.ok
+        summary.proposed += restored.ok
+        summary.rejected += restored.failures
+        todo = [i for i in todo if i not in {f.id for f in restored.failures}]
+        if client is None or not todo:
+            summary.waiting += len(todo) if client is None else 0
+            if on_progress:
+                on_progress(len(batch))
+            continue
         # the first request of each document is counted before it is sent; the answers
         # then add what came on top (retries, splits)
         first = client.first_requests(len(todo))
@@ -188,6 +227,9 @@ def propose(engine: Engine, settings: Settings, client: ModelClient, *,
                                   job=job, calls=calls, model_ms=model_ms, layout=layout)
         # a document whose proposals the engine refused is a failed document, not a lost one
         bad |= {f.id: f"engine rejected the proposals: {f.reason}" for f in written.failures}
+        if cache:
+            cache.store([Entry(layout.content_hash(sources[i]), good[i])
+                         for i in good if i not in bad], prompt.version, model)
         failed = record_failures(engine, index, bad, sources, job=job, calls=calls,
                                  model_ms=model_ms)
         summary.proposed += written.ok
@@ -363,4 +405,6 @@ def stats(engine: Engine, settings: Settings) -> dict:
         "df_basis": table.basis,
         "policies": by_policy,
         "df_histogram": histogram,
+        # the lag `sira follow` saw in its last round (pending documents, oldest, when)
+        "follow": engine.get_meta(index).get("sira_follow"),
     }

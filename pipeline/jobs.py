@@ -3,6 +3,7 @@ every skipped input and every rejected item counted and reported."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -13,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline import enrich
+from pipeline import attach, enrich
 from pipeline.config import Settings
 from pipeline.engine import BulkResult, Engine, ItemFailure, transient_errors
-from pipeline.loaders import CorpusError, Document, LoadReport, iter_corpus
-from pipeline.schema import ENRICHED, FAILED, PROPOSED, QUEUED, Layout, sira_of
+from pipeline.loaders import CorpusError, Document, LoadReport, iter_corpus, iter_jsonl_objects
+from pipeline.profile import Profile
+from pipeline.schema import ENRICHED, FAILED, PROPOSED, QUEUED, SIRA, Layout, sira_of
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -59,6 +61,60 @@ def index_corpus(
         settings.index.name, _counting(docs, on_doc), chunk_size=settings.load.bulk_batch_docs
     )
     engine.refresh(settings.index.name)
+    return summary
+
+
+def index_as_is(engine: Engine, settings: Settings, path: Path, fields: list[str], *,
+                mapping_file: Path | None = None, on_doc: Callable[[], None] | None = None
+                ) -> IndexSummary:
+    """JSON Lines into a user-shaped index, every field of every line kept as it is (``_id``,
+    if a line has one, is its id), then attached with ``fields``. A new index is created from
+    ``mapping_file`` (``{"settings": ..., "mappings": ...}`` or a bare mapping) and attached
+    before anything is written, or else with the engine's dynamic mapping and attached after
+    the first documents gave it its fields."""
+    index = settings.index.name
+    summary = IndexSummary()
+    prompt_version = enrich.prompt_for(settings).version
+    policy = Profile.from_settings(settings.enrich).filter_policy().stored()
+
+    def attach_now() -> None:
+        try:
+            attach.attach(engine, index, fields, prompt_version=prompt_version, policy=policy)
+        except attach.AttachError as exc:
+            raise CorpusError(str(exc)) from exc
+
+    if not path.is_file():
+        raise CorpusError(f"{path}: no such file (--fields indexes JSON Lines as they are)")
+    created = False
+    if not engine.index_exists(index):
+        body: dict = {}
+        if mapping_file:
+            try:
+                body = json.loads(mapping_file.read_text("utf-8"))
+            except (OSError, json.JSONDecodeError) as exc:
+                raise CorpusError(f"{mapping_file}: not a readable JSON file ({exc})") from exc
+            if not isinstance(body, dict):
+                raise CorpusError(f"{mapping_file}: expected a JSON object")
+            if "mappings" not in body and "settings" not in body:
+                body = {"mappings": body}
+        engine.create(index, body)
+        created = True
+    if not created or mapping_file:
+        attach_now()
+
+    def documents() -> Iterator[dict]:
+        for lineno, obj in iter_jsonl_objects(path, summary.load):
+            doc_id = obj.pop("_id", None)
+            summary.load.loaded += 1
+            if on_doc:
+                on_doc()
+            yield {"_id": str(doc_id) if doc_id is not None else None, **obj,
+                   "_where": f"{path}:{lineno}"}
+
+    summary.bulk = engine.bulk_index(index, documents(), chunk_size=settings.load.bulk_batch_docs)
+    engine.refresh(index)
+    if created and not mapping_file:
+        attach_now()
     return summary
 
 
@@ -164,6 +220,34 @@ def copy_documents(engine: Engine, settings: Settings, docs: Iterable[Document],
             beat()
 
 
+def copy_whole(engine: Engine, source: str, target: str, summary: JobSummary,
+               batch: int = 500, beat: Callable[[], None] | None = None) -> None:
+    """Copy every document of a user's index as it is, every field (and sira's object, when
+    the source was attached: proposals made for the same text are kept); a document already
+    in the target with the same fields is left alone (a resumed copy)."""
+    it = engine.scan(source)
+    while chunk := [h for _, h in zip(range(batch), it, strict=False)]:
+        stored = engine.mget(target, [h["_id"] for h in chunk])
+        fresh = []
+        for hit in chunk:
+            old = stored.get(hit["_id"])
+            mine = {k: v for k, v in hit["_source"].items() if k != SIRA}
+            if old is None:
+                summary.new += 1
+            elif {k: v for k, v in old.items() if k != SIRA} != mine:
+                summary.changed += 1
+            else:
+                summary.unchanged += 1
+                continue
+            fresh.append({"_id": hit["_id"], **hit["_source"]})
+        result = engine.bulk_index(target, fresh)
+        summary.rejected += result.failures
+        summary.documents += len(chunk)
+        summary.load.loaded += len(chunk)
+        if beat:
+            beat()
+
+
 def documents_to_send(engine: Engine, settings: Settings, prompt_version: str,
                       live_jobs: set[str] = frozenset()
                       ) -> tuple[list[tuple[str, str | None]], int]:
@@ -252,10 +336,14 @@ def reindex(
     poll: float = 1.0,
     timeout: float | None = None,
     force_merge: bool = False,
+    fields: list[str] | None = None,
 ) -> JobSummary:
     """Copy ``source`` into the target index (created from mappings/ if missing; only new
     and changed documents are written), queue every document that needs proposals, wait for
     the workers, then apply the DF filter. Re-running it resumes where it stopped.
+    A source index of the user's own (not sira's layout) is copied whole: the target gets its
+    mapping and settings plus sira's object, attached with ``fields`` (or the source's
+    attached ones), and every field of every document.
     ``force_merge``: end by merging the index into one segment without deleted copies."""
     started = time.monotonic()
     job = uuid.uuid4().hex[:12]
@@ -274,11 +362,24 @@ def reindex(
 
         worker.prepare_broker(settings)
         app = worker.make_app(settings)
-    engine.create_index(settings.index)
+    whole = bool(source) and not Path(source).exists() and engine.index_exists(source) and \
+        not attach.is_own_layout(engine.get_mapping(source))
+    if whole:
+        try:
+            attach.create_copy(engine, source, index, attach.source_fields(engine, source, fields),
+                               prompt_version=enrich.prompt_for(settings).version,
+                               policy=Profile.from_settings(settings.enrich).filter_policy()
+                               .stored())
+        except attach.AttachError as exc:
+            raise JobFailed(str(exc)) from exc
+    else:
+        engine.create_index(settings.index)
     beat = Heartbeat(engine, index, job)
     try:
         beat()
-        if source:
+        if whole:
+            copy_whole(engine, source, index, summary, beat=beat)
+        elif source:
             copy_documents(engine, settings, source_documents(engine, source, summary.load,
                                                               settings), summary, beat=beat)
             summary.skipped_input = summary.load.skipped

@@ -75,6 +75,12 @@ def test_overlays_wire_the_pieces_together() -> None:
     job = base[("Job", "sira-reindex")]["spec"]
     assert job["template"]["spec"]["restartPolicy"] == "OnFailure"
     assert job["backoffLimit"] > 0 and job["activeDeadlineSeconds"] > 0
+    follow = base[("Deployment", "sira-follow")]["spec"]
+    assert follow["replicas"] == 1 and follow["strategy"]["type"] == "Recreate"
+    assert follow["template"]["spec"]["containers"][0]["command"] == ["sira", "follow"]
+    assert follow["template"]["spec"]["terminationGracePeriodSeconds"] > \
+        int(config["SIRA_WORKER__TIME_LIMIT"])
+    assert "FOLLOW_INDEX" in base[("ConfigMap", "sira-follow")]["data"]
     vllm = base[("Deployment", "vllm")]["spec"]["template"]["spec"]["containers"][0]
     assert vllm["startupProbe"]["httpGet"]["path"] == "/health"
     assert config["SIRA_LLM__URL"].startswith("http://vllm:")
