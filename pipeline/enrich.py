@@ -174,6 +174,28 @@ def restore_cached(engine: Engine, index: str, cache: ProposalCache | None,
     return [i for i in todo if i not in stored], written
 
 
+def restore_from_cache(engine: Engine, settings: Settings, ids: list[str], *,
+                       job: str | None = None) -> tuple[set[str], BulkResult]:
+    """Give ``ids`` the proposals the cache holds for their texts, before anything is
+    queued (no model call, no queue, one write each); returns the ids restored."""
+    index = settings.index.name
+    cache = ProposalCache.of(engine, settings.enrich.cache_index)
+    restored: set[str] = set()
+    result = BulkResult()
+    if cache is None:
+        return restored, result
+    layout = Layout.of(engine.get_meta(index))
+    prompt = prompt_for(settings)
+    for batch in _batched(ids, settings.enrich.batch_docs * 8):
+        sources = engine.mget(index, batch, source=layout.read())
+        todo = [i for i in batch if i in sources]
+        left, written = restore_cached(engine, index, cache, todo, sources, prompt=prompt,
+                                       model=settings.llm.model, layout=layout, job=job)
+        restored |= set(todo) - set(left)
+        result.merge(written)
+    return restored, result
+
+
 def propose(engine: Engine, settings: Settings, client: ModelClient | None, *,
             ids: list[str] | None = None, job: str | None = None,
             on_progress: Callable[[int], None] | None = None) -> ProposeSummary:

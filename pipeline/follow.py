@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pipeline import enrich
 from pipeline.config import Settings
 from pipeline.engine import Engine, ItemFailure
+from pipeline.jobs import JobSummary
 from pipeline.llm import ModelClient
 from pipeline.loaders import now_iso
 from pipeline.schema import FAILED, PROPOSED, Layout, sira_of
@@ -75,7 +76,7 @@ class Follower:
     """Rounds over one index; remembers when it first saw each pending document."""
 
     def __init__(self, engine: Engine, settings: Settings, client: ModelClient | None,
-                 run_job: Callable[[], object] | None = None) -> None:
+                 run_job: Callable[[], JobSummary] | None = None) -> None:
         self.engine, self.settings, self.client = engine, settings, client
         self.run_job = run_job  # the Celery job, when workers are given
         self.index = settings.index.name
@@ -111,14 +112,11 @@ class Follower:
     def _propose(self, ids: list[str]) -> enrich.ProposeSummary:
         if self.run_job is None or self.client is None:
             return enrich.propose(self.engine, self.settings, self.client, ids=ids)
-        # the cache first, here (no model call, no queue); the rest through the workers
-        cached = enrich.propose(self.engine, self.settings, None, ids=ids)
+        # the job restores what the cache holds, then sends the rest through the workers
         job = self.run_job()
-        cached.proposed += getattr(job, "proposed", 0)
-        cached.failed += getattr(job, "failed", 0)
-        cached.model_calls += getattr(job, "model_calls", 0)
-        cached.waiting = 0
-        return cached
+        return enrich.ProposeSummary(
+            considered=len(ids), proposed=job.proposed, cached=job.from_cache,
+            failed=job.failed, model_calls=job.model_calls, rejected=list(job.rejected))
 
     def _needs_apply(self, result: Round) -> bool:
         if result.restored or result.proposed:

@@ -145,6 +145,7 @@ class JobSummary:
     requeued: int = 0
     taken_over: int = 0  # sent by this job, then queued again by another one
     left_to_others: int = 0  # queued by another running job: left to it
+    from_cache: int = 0  # given the proposals the cache holds for their text, not queued
     wall_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
     load: LoadReport = field(default_factory=LoadReport)
@@ -155,7 +156,8 @@ class JobSummary:
         reasons = "; ".join(f"{r} ({n})" for r, n in self.failure_reasons) or "none"
         return (f"job {self.job}: {self.documents} documents ({self.new} new, {self.changed} "
                 f"changed, {self.unchanged} unchanged, {self.skipped_input} bad inputs "
-                f"skipped); {self.sent} sent to the model: {self.proposed} proposed, "
+                f"skipped); {self.from_cache} from the proposal cache, {self.sent} sent to "
+                f"the model: {self.proposed} proposed, "
                 f"{self.failed} failed (top reasons: {reasons})"
                 + (f", {self.taken_over} taken over by another job" if self.taken_over else "")
                 + (f"; {self.left_to_others} left to another running job"
@@ -391,6 +393,11 @@ def reindex(
         todo, summary.left_to_others = documents_to_send(
             engine, settings, enrich.prompt_for(settings).version,
             live_jobs(engine, index, but=job))
+        restored, cached = enrich.restore_from_cache(engine, settings, [i for i, _ in todo],
+                                                     job=job)
+        summary.from_cache = len(restored)
+        summary.rejected += cached.failures
+        todo = [(i, j) for i, j in todo if i not in restored]
         if todo:
             _send_and_wait(engine, settings, app, job, todo, summary, on_progress, poll,
                            timeout, phase, beat)

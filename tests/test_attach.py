@@ -282,6 +282,16 @@ def test_reindex_a_user_index_keeps_every_field(engine: Engine, products: str,
             out = invoke("reindex", "--source", target, "--target", again, "--workers", "1")
             assert "0 sent to the model" in out and "3 enriched" in out, out
             assert fake.requests == 3
+            # a plain copy (no sira object) of the same texts: the job restores them from the
+            # proposal cache before queueing anything
+            third = f"{products}-plain"
+            engine.create(third, copy.deepcopy(USER_BODY))
+            write(engine, third, PRODUCTS)
+            invoke("attach", third, "--fields", "name,description")
+            out = invoke("reindex", "--target", third, "--workers", "1")
+            assert "3 from the proposal cache, 0 sent to the model" in out, out
+            assert fake.requests == 3
+            engine.delete_index(third)
         source_mapping = engine.get_mapping(products)
         for name in (target, again):
             mapping = engine.get_mapping(name)
