@@ -78,14 +78,26 @@ def store_proposals(engine: Engine, index: str, proposals: dict[str, list[str]],
     ``calls``: model requests per document, added to what the document already counted for
     ``job``; ``model_ms``: each document's share of the time its batch waited for the model
     (the job sums them to tell model time apart)."""
+    return engine.bulk_update(index, list(proposal_fields(
+        engine, index, proposals, sources, model=model, prompt_version=prompt_version,
+        stance=stance, job=job, calls=calls, model_ms=model_ms, layout=layout).items()))
+
+
+def proposal_fields(engine: Engine, index: str, proposals: dict[str, list[str]],
+                    sources: dict[str, dict], *, model: str, prompt_version: str,
+                    stance: str, job: str | None = None,
+                    calls: dict[str, int] | None = None, model_ms: int = 0,
+                    layout: Layout = OWN) -> dict[str, dict]:
+    """What ``store_proposals`` writes, per document: ``{"sira": {...}}`` (the documents
+    need not be in the index yet: the copy of a job writes them in the same request)."""
     bodies = {i: document_body(*layout.title_text(sources[i])) for i in proposals}
     prepared = terms.prepare(engine, index, proposals, bodies)
     at = now_iso()
-    updates = []
+    updates = {}
     for doc_id, doc_terms in prepared.items():
         source = sources[doc_id]
         sira = sira_of(source)
-        updates.append((doc_id, {
+        updates[doc_id] = {
             "sira": {"proposals": {"model": model, "prompt_version": prompt_version,
                                    "stance": stance, "at": at, "raw": proposals[doc_id],
                                    "terms": [t.as_json() for t in doc_terms]},
@@ -96,8 +108,8 @@ def store_proposals(engine: Engine, index: str, proposals: dict[str, list[str]],
                      "attempts": int(sira.get("attempts") or 0) + 1, "job": job,
                      "calls": job_share(source, job, "calls") + (calls or {}).get(doc_id, 0),
                      "model_ms": job_share(source, job, "model_ms") + model_ms},
-        }))
-    return engine.bulk_update(index, updates)
+        }
+    return updates
 
 
 def record_failures(engine: Engine, index: str, reasons: dict[str, str],
@@ -172,6 +184,26 @@ def restore_cached(engine: Engine, index: str, cache: ProposalCache | None,
                               layout=layout)
     stored = set(found) - {f.id for f in written.failures}
     return [i for i in todo if i not in stored], written
+
+
+def cached_fields(engine: Engine, settings: Settings, sources: dict[str, dict], *,
+                  layout: Layout, job: str | None = None) -> dict[str, dict]:
+    """For documents about to be written (``sources`` by id) that need proposals: the
+    ``sira`` fields of the proposals the cache holds for their texts, to write with the
+    documents themselves (one write instead of two)."""
+    cache = ProposalCache.of(engine, settings.enrich.cache_index)
+    prompt = prompt_for(settings)
+    todo = {i: src for i, src in sources.items()
+            if needs_proposals(src, prompt.version, layout)}
+    if cache is None or not todo:
+        return {}
+    found = cache.lookup({i: layout.content_hash(src) for i, src in todo.items()},
+                         prompt.version, settings.llm.model)
+    if not found:
+        return {}
+    return proposal_fields(engine, settings.index.name, found, todo, model=settings.llm.model,
+                           prompt_version=prompt.version, stance=prompt.stance, job=job,
+                           layout=layout)
 
 
 def restore_from_cache(engine: Engine, settings: Settings, ids: list[str], *,

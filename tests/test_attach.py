@@ -222,7 +222,7 @@ def test_the_same_text_in_another_index_costs_no_model_call(
     corpus.write_text("".join(json.dumps({"_id": i, "title": d["name"],
                                           "text": d["description"]}) + "\n"
                               for i, d in PRODUCTS.items()))
-    first, second = (f"cached-{uuid.uuid4().hex[:8]}" for _ in range(2))
+    first, second, third = (f"cached-{uuid.uuid4().hex[:8]}" for _ in range(3))
     try:
         with FakeModelServer(ANSWERS) as fake:
             monkeypatch.setenv("SIRA_LLM__URL", fake.url)
@@ -233,12 +233,19 @@ def test_the_same_text_in_another_index_costs_no_model_call(
             out = invoke("enrich", "--index", second)
             assert "3 proposed" in out and "0 model calls (3 from the cache)" in out, out
             assert fake.requests == 3
+            # the job: the cached proposals are written with the copy, nothing is queued,
+            # and each document is written twice (the copy, the enrichment)
+            out = invoke("reindex", "--source", str(corpus), "--target", third)
+            assert "3 from the proposal cache, 0 sent to the model: 3 proposed" in out, out
+            assert "3 enriched" in out and fake.requests == 3, out
+            for doc_id in PRODUCTS:
+                assert dict(engine.client.get(index=third, id=doc_id))["_version"] == 2
         assert engine.get(second, "p2")["sira"]["bridge"] == \
             engine.get(first, "p2")["sira"]["bridge"] == ["stormshell membrane"]
         pruned = runner.invoke(app, ["cache", "prune", "--older-than", "0"])
         assert pruned.exit_code == 0 and "3 entries deleted" in pruned.output, pruned.output
     finally:
-        for name in (first, second, cache):
+        for name in (first, second, third, cache):
             engine.delete_index(name)
 
 
