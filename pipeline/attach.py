@@ -5,8 +5,9 @@ enrichment fields, the proposals, the status) and records in its ``_meta`` which
 model reads (``schema.ATTACH_META``); it never changes, removes or rewrites a field the user
 has, their mapping or their analyzer, and needs no index close. The enrichment fields get the
 analyzer (and search analyzer) of the first source field, so a user's query is analysed the
-way the enrichment was. Any writer keeps writing plain documents; ``sira follow`` enriches
-them. ``sira detach`` removes what attach set that can be removed.
+way the enrichment was, or ``--analyzer``'s (measured: README, "Use it on your own index").
+Any writer keeps writing plain documents; ``sira follow`` enriches them. ``sira detach``
+removes what attach set that can be removed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.engine import Engine, sira_mapping
+from pipeline.engine import Engine, reason_of, sira_mapping, status_of
 from pipeline.loaders import now_iso
 from pipeline.schema import ATTACH_META, OWN_TEMPLATE, SIRA, Layout
 
@@ -49,10 +50,19 @@ def _kind(node: dict) -> str:
     return node.get("type", "object")  # an object mapping names no type
 
 
-def wanted_mapping(mapping: dict, fields: list[str]) -> dict:
-    """The ``sira`` object for an index whose model text is ``fields``."""
+def wanted_mapping(mapping: dict, fields: list[str], analyzer: str | None = None) -> dict:
+    """The ``sira`` object for an index whose model text is ``fields``; its enrichment
+    fields are analysed as the first of them is, or with ``analyzer``."""
+    if analyzer:
+        return sira_mapping({"analyzer": analyzer})
     first = field_mapping(mapping, fields[0]) or {}
     return sira_mapping({k: first[k] for k in ANALYSIS_KEYS if k in first})
+
+
+def chosen_analyzer(mapping: dict, analyzer: str | None) -> str | None:
+    """The enrichment analyzer asked for now, else the one recorded by an earlier attach."""
+    recorded = ((mapping.get("_meta") or {}).get(ATTACH_META) or {})
+    return analyzer or recorded.get("enrichment_analyzer")
 
 
 def conflicts(have: dict, want: dict, path: str = SIRA) -> list[str]:
@@ -75,8 +85,10 @@ def _default(key: str) -> Any:
     return True if key == "enabled" else None
 
 
-def check(engine: Engine, index: str, fields: list[str]) -> tuple[dict, dict]:
-    """(the index's mapping, the sira object to add), or an AttachError naming the problem."""
+def check(engine: Engine, index: str, fields: list[str], analyzer: str | None = None
+          ) -> tuple[dict, dict]:
+    """(the index's mapping, the sira object to add), or an AttachError naming the problem.
+    ``analyzer``: one for the enrichment fields (built in, or defined in the index)."""
     if not fields or any(not f.strip() for f in fields):
         raise AttachError("--fields: name at least one text field, e.g. --fields title,body")
     if not engine.index_exists(index):
@@ -92,7 +104,16 @@ def check(engine: Engine, index: str, fields: list[str]) -> tuple[dict, dict]:
         if _kind(node) not in TEXT_TYPES:
             raise AttachError(f"{index}: field {name} is {_kind(node)}, not text: the model "
                               "reads text fields")
-    want = wanted_mapping(mapping, fields)
+    analyzer = chosen_analyzer(mapping, analyzer)
+    if analyzer:
+        try:
+            engine.analyze(index, ["check"], analyzer=analyzer)
+        except Exception as exc:  # the engine answers 400 for an analyzer it does not know
+            if status_of(exc) != 400:
+                raise
+            raise AttachError(f"{index}: --analyzer {analyzer}: not an analyzer this index "
+                              f"knows ({reason_of(exc)[:200]})") from exc
+    want = wanted_mapping(mapping, fields, analyzer)
     have = (mapping.get("properties") or {}).get(SIRA)
     if have is not None:
         problems = conflicts(have, want)
@@ -104,16 +125,19 @@ def check(engine: Engine, index: str, fields: list[str]) -> tuple[dict, dict]:
 
 
 def attach(engine: Engine, index: str, fields: list[str], *, prompt_version: str,
-           policy: dict, template: bool = True) -> AttachResult:
-    """Attach sira to ``index`` (idempotent). Nothing is written before every check passed."""
-    mapping, want = check(engine, index, fields)
+           policy: dict, template: bool = True, analyzer: str | None = None) -> AttachResult:
+    """Attach sira to ``index`` (idempotent). Nothing is written before every check passed.
+    ``analyzer``: the enrichment fields' analyzer instead of the first source field's."""
+    mapping, want = check(engine, index, fields, analyzer)
+    analyzer = chosen_analyzer(mapping, analyzer)
     have = (mapping.get("properties") or {}).get(SIRA)
     meta = dict(mapping.get("_meta") or {})
     recorded = meta.get(ATTACH_META) or {}
     template_id = f"{OWN_TEMPLATE}-{index}"
     first = field_mapping(mapping, fields[0]) or {}
     config = {"fields": list(fields), "template": template_id,
-              "analyzer": first.get("analyzer") or "(the index default)",
+              "analyzer": analyzer or first.get("analyzer") or "(the index default)",
+              **({"enrichment_analyzer": analyzer} if analyzer else {}),
               "prompt_version": prompt_version, "policy": policy,
               "attached_at": recorded.get("attached_at") or now_iso()}
     layout = Layout.of({ATTACH_META: config})

@@ -668,6 +668,9 @@ def attach_cmd(
     index: Annotated[str, typer.Argument(help="An existing index (any mapping).")],
     fields: Annotated[str, typer.Option(help="Comma-separated text fields the model reads "
                                         "(the first plays the title).")],
+    analyzer: Annotated[str | None, typer.Option(
+        help="Analyzer of the enrichment fields (built in, or defined in the index); default: "
+             "the first field's, so that queries on it are analysed the same way.")] = None,
 ) -> None:
     """Attach enrichment to an index of yours: adds the sira object to its mapping (no user
     field is touched), records the fields in its _meta, stores its search template."""
@@ -680,7 +683,7 @@ def attach_cmd(
                                settings).filter_policy()
     try:
         result = attach(engine, index, names, prompt_version=enrich.prompt_for(settings).version,
-                        policy=policy.stored())
+                        policy=policy.stored(), analyzer=analyzer)
     except AttachError as exc:
         raise _fail(str(exc)) from exc
     for line in result.changed or ["already attached with these fields: nothing to do"]:

@@ -125,7 +125,10 @@ class WorkerSettings(RedactedRepr, BaseModel):
     queue: str = "sira"
     # an unacknowledged message is delivered again after this long: longer than any task
     visibility_timeout: int = 3600
-    soft_time_limit: int = 1800  # seconds per task (one batch of documents)
+    # propose batches (enrich.batch_docs each) per task: a worker overlaps storing one batch
+    # with the next one's model requests, which only happens within a task
+    task_batches: int = Field(default=4, ge=1)
+    soft_time_limit: int = 1800  # seconds per task
     time_limit: int = 2100
     max_doc_attempts: int = 3  # a failed document is retried by later jobs until this many
     # the job re-enqueues documents still queued after this long without any progress

@@ -126,7 +126,7 @@ def _error_body(exc: Any) -> Any:
     return exc.body if hasattr(exc, "body") else getattr(exc, "info", None)
 
 
-def _exception_reason(exc: Any) -> str:
+def reason_of(exc: Any) -> str:
     """The engine's own reason for a refused request (its error type and reason)."""
     body = _error_body(exc)
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
@@ -274,7 +274,7 @@ class Engine:
                 analysis = name
                 break
             except Exception as exc:  # the engine answers 400 for an unknown filter type
-                if _status(exc) != 400:
+                if status_of(exc) != 400:
                     raise
         languages = self._request("GET", "/_script_language")
         names = {entry.get("language") for entry in languages.get("language_contexts", [])}
@@ -398,8 +398,8 @@ class Engine:
             failures.append(ItemFailure(
                 id=str(detail.get("_id")), status=int(detail.get("status", 0) or 0),
                 reason=_failure_reason(detail.get("error")) if whole is None
-                else _exception_reason(whole)))
-        status = _status(whole) if whole is not None else None
+                else reason_of(whole)))
+        status = status_of(whole) if whole is not None else None
         if whole is not None and len(chunk) > 1 and status is not None and 400 <= status < 500 \
                 and status != 429:
             half = len(chunk) // 2
@@ -571,7 +571,7 @@ class Engine:
         try:
             found = dict(self.client.get_script(id=template_id))
         except Exception as exc:
-            if _status(exc) == 404:
+            if status_of(exc) == 404:
                 return None
             raise
         return (found.get("script") or {}).get("source") if found.get("found", True) else None
@@ -603,7 +603,7 @@ def describe_error(exc: BaseException, url: str | None = None) -> str | None:
     if isinstance(exc, SearchRefused):
         status, reason, body = exc.status, _failure_reason(exc.error), {"error": exc.error}
     elif isinstance(exc, opensearchpy.TransportError | elasticsearch.ApiError):
-        status, reason, body = _status(exc), _exception_reason(exc), _error_body(exc)
+        status, reason, body = status_of(exc), reason_of(exc), _error_body(exc)
     else:
         return None
     if status == 401:
@@ -627,7 +627,8 @@ def _secret(value: SecretStr | str | None) -> str | None:
     return value.get_secret_value() if isinstance(value, SecretStr) else value
 
 
-def _status(exc: Exception) -> int | None:
+def status_of(exc: Exception) -> int | None:
+    """The HTTP status of a refused request, whichever client raised it."""
     for attr in ("status_code", "status", "meta"):
         value = getattr(exc, attr, None)
         if isinstance(value, int):

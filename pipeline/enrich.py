@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -228,13 +229,27 @@ def restore_from_cache(engine: Engine, settings: Settings, ids: list[str], *,
     return restored, result
 
 
+@dataclass
+class _Sent:
+    """A batch whose model answers are on their way (``propose`` stores one batch while the
+    next one's requests are in flight)."""
+
+    todo: list[str]
+    sources: dict[str, dict]
+    first: list[int]
+    answers: Future
+    size: int  # documents of the batch, sent or not (for the progress)
+
+
 def propose(engine: Engine, settings: Settings, client: ModelClient | None, *,
             ids: list[str] | None = None, job: str | None = None,
             on_progress: Callable[[int], None] | None = None) -> ProposeSummary:
     """Give every document that needs proposals (all, or ``ids``) its proposals, in batches:
     from the proposal cache where the same text was proposed for before, else from the model
     (``client``; None: the cache only, the rest wait). ``job`` is recorded on each document
-    sent, with its number of model calls."""
+    sent, with its number of model calls. While one batch is being stored the next one's
+    requests are already in flight (sharing the client's ``concurrency``), so the model is not
+    left waiting on the engine."""
     index = settings.index.name
     layout = Layout.of(engine.get_meta(index))
     prompt = prompt_for(settings)
@@ -245,7 +260,8 @@ def propose(engine: Engine, settings: Settings, client: ModelClient | None, *,
         hits = ((h["_id"], h["_source"]) for h in engine.scan(index, source=layout.read()))
     else:
         hits = iter(engine.mget(index, ids, source=layout.read()).items())
-    for batch in _batched(hits, settings.enrich.batch_docs):
+
+    def send(batch: list[tuple[str, dict]], pool: ThreadPoolExecutor) -> _Sent | None:
         summary.considered += len(batch)
         sources = {doc_id: source for doc_id, source in batch}
         todo = [doc_id for doc_id, source in batch
@@ -261,37 +277,59 @@ def propose(engine: Engine, settings: Settings, client: ModelClient | None, *,
             summary.waiting += len(todo) if client is None else 0
             if on_progress:
                 on_progress(len(batch))
-            continue
+            return None
         # the first request of each document is counted before it is sent; the answers
         # then add what came on top (retries, splits)
-        first = client.first_requests(len(todo))
-        todo, claimed = claim(engine, index, todo, sources, first, job)
+        todo, claimed = claim(engine, index, todo, sources, client.first_requests(len(todo)),
+                              job)
         summary.rejected += claimed.failures  # not sent: it could not have been stored
         first = client.first_requests(len(todo))
-        started = time.monotonic()
-        answers = client.keywords(prompt, [
-            (i, document_body(*layout.title_text(sources[i]))) for i in todo])
-        model_ms = int((time.monotonic() - started) * 1000 / max(len(todo), 1))
+        items = [(i, document_body(*layout.title_text(sources[i]))) for i in todo]
+        return _Sent(todo, sources, first, pool.submit(client.keywords, prompt, items),
+                     len(batch))
+
+    def store(sent: _Sent) -> None:
+        assert client is not None
+        waited = time.monotonic()
+        answers = sent.answers.result()
+        # the time this worker waited for the model with nothing else to do (the rest of
+        # the batch's wait overlapped the storing of the batch before), shared out
+        model_ms = int((time.monotonic() - waited) * 1000 / max(len(sent.todo), 1))
         summary.model_calls += sum(a.calls for a in answers)
         good = {a.key: a.keywords for a in answers if a.ok}
         bad = {a.key: a.reason or "unknown failure" for a in answers if not a.ok}
-        calls = {a.key: a.calls - n for a, n in zip(answers, first, strict=True)}
-        written = store_proposals(engine, index, good, sources, model=client.model,
+        calls = {a.key: a.calls - n for a, n in zip(answers, sent.first, strict=True)}
+        written = store_proposals(engine, index, good, sent.sources, model=client.model,
                                   prompt_version=prompt.version, stance=prompt.stance,
                                   job=job, calls=calls, model_ms=model_ms, layout=layout)
         # a document whose proposals the engine refused is a failed document, not a lost one
         bad |= {f.id: f"engine rejected the proposals: {f.reason}" for f in written.failures}
         if cache:
-            cache.store([Entry(layout.content_hash(sources[i]), good[i])
+            cache.store([Entry(layout.content_hash(sent.sources[i]), good[i])
                          for i in good if i not in bad], prompt.version, model)
-        failed = record_failures(engine, index, bad, sources, job=job, calls=calls,
+        failed = record_failures(engine, index, bad, sent.sources, job=job, calls=calls,
                                  model_ms=model_ms)
         summary.proposed += written.ok
         summary.failed += len(bad)
         summary.reasons.update(reason.split(":")[0] for reason in bad.values())
         summary.rejected += failed.failures  # not even the failure could be recorded
         if on_progress:
-            on_progress(len(batch))
+            on_progress(sent.size)
+
+    pending: _Sent | None = None
+    with ThreadPoolExecutor(2, thread_name_prefix="sira-propose") as pool:
+        try:
+            for batch in _batched(hits, settings.enrich.batch_docs):
+                sent = send(batch, pool)
+                previous, pending = pending, sent
+                if previous is not None:
+                    store(previous)
+            previous, pending = pending, None
+            if previous is not None:
+                store(previous)
+        finally:
+            if pending is not None:  # stopped by an error: the answers paid for are kept
+                store(pending)
     return summary
 
 

@@ -141,7 +141,7 @@ class JobSummary:
     failed: int = 0
     failure_reasons: list[tuple[str, int]] = field(default_factory=list)
     model_calls: int = 0
-    model_s: float = 0.0  # time batches waited for the model, summed over all workers
+    model_s: float = 0.0  # time workers waited for the model, idle, summed over them
     requeued: int = 0
     taken_over: int = 0  # sent by this job, then queued again by another one
     left_to_others: int = 0  # queued by another running job: left to it
@@ -339,6 +339,11 @@ def status_counts(engine: Engine, index: str, job: str | None = None) -> Counter
     return Counter({b["key"]: b["doc_count"] for b in aggs["s"]["buckets"]})
 
 
+def task_docs(settings: Settings) -> int:
+    """Documents per Celery task."""
+    return settings.enrich.batch_docs * settings.worker.task_batches
+
+
 def _enqueue(app: Celery, index: str, ids: list[str], job: str, batch: int) -> None:
     for start in range(0, len(ids), batch):
         app.send_task(PROPOSE_TASK, args=[index, ids[start:start + batch], job])
@@ -471,7 +476,7 @@ def _send_and_wait(engine: Engine, settings: Settings, app: Celery, job: str,
     ids = [i for i, _ in todo if i not in unmarked]
     summary.sent = len(ids)
     engine.refresh(index)
-    _enqueue(app, index, ids, job, settings.enrich.batch_docs)
+    _enqueue(app, index, ids, job, task_docs(settings))
     phase("queue")
     _wait(engine, settings, app, job, len(ids), summary, on_progress, poll, timeout, beat)
     phase("propose")
@@ -514,7 +519,7 @@ def _wait(engine: Engine, settings: Settings, app: Celery, job: str, total: int,
             stalled = [h["_id"] for h in engine.scan(index, {"bool": {"filter": [
                 {"term": {"sira.job": job}}, {"term": {"sira.status": QUEUED}}]}}, source=False)]
             try:
-                _enqueue(app, index, stalled, job, settings.enrich.batch_docs)
+                _enqueue(app, index, stalled, job, task_docs(settings))
                 summary.requeued += len(stalled)
                 requeues += 1
                 broker_down_since = None

@@ -116,6 +116,9 @@ class ModelClient:
         # client per batch costs ~50 ms (TLS context) and new connections to the server.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: httpx.AsyncClient | None = None
+        # one gate for every call in flight: overlapping batches (pipeline.enrich.propose)
+        # share ``concurrency`` requests instead of each getting its own
+        self._gate: asyncio.Semaphore | None = None
         self._lock = threading.Lock()
 
     @property
@@ -222,10 +225,11 @@ class ModelClient:
         return [1 if i % self.settings.completions_batch == 0 else 0 for i in range(count)]
 
     async def _run(self, prompt: Prompt, items: list[tuple[str, str]]) -> list[Answer]:
-        gate = asyncio.Semaphore(self.settings.concurrency)
-        if self._client is None:
+        if self._client is None:  # made on the loop thread, the one that uses them
             self._client = self._http()
-        http = self._client
+            self._gate = asyncio.Semaphore(self.settings.concurrency)
+        http, gate = self._client, self._gate
+        assert gate is not None
         if self.settings.mode == "chat":
             jobs = [self._one(http, gate, prompt, key, body) for key, body in items]
             return list(await asyncio.gather(*jobs))
@@ -255,4 +259,4 @@ class ModelClient:
         if self._client is not None:
             asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._loop, self._client = None, None
+        self._loop, self._client, self._gate = None, None, None

@@ -1,7 +1,9 @@
 """Throughput of the whole enrichment job against plain bulk indexing of the same documents
-into the same engine, with the tests' model server answering instantly (model time excluded).
+into the same engine, with the tests' model server answering instantly (the time the workers
+wait for it taken out); with --gpus, against the same server answering like 1, 2, 4 GPUs.
 
     .venv/bin/python scripts/bench_job.py --docs 5000 --workers 1 2
+    .venv/bin/python scripts/bench_job.py --docs 3000 --workers 2 --gpus 1 2 4
 
 Needs a local engine (`sira engine start`) and redis-server. Prints docs/s and the ratio.
 """
@@ -21,10 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fake_model import FakeModelServer  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
 
-from pipeline import local  # noqa: E402
+from pipeline import enrich, local  # noqa: E402
 from pipeline.config import IndexSettings, LLMSettings, Settings, WorkerSettings  # noqa: E402
 from pipeline.jobs import index_corpus, reindex  # noqa: E402
+from pipeline.llm import ModelClient  # noqa: E402
 from pipeline.local.workers import LocalWorkers  # noqa: E402
+from pipeline.prompts import document_body  # noqa: E402
 
 WORDS = ("shard replica heap snapshot mapping analyzer token bulk refresh merge segment "
          "cluster node index alias query score field").split()
@@ -38,10 +42,57 @@ def corpus(path: Path, n: int) -> Path:
     return path
 
 
+GPU_DOCS_S = 30.0  # documents/s one GPU serves (the published vLLM figure for the default)
+GPU_IN_FLIGHT = 32  # at this many requests in flight
+
+
+def model_only(url: str, docs: Path, in_flight: int) -> float:
+    """Seconds the stand-in needs to answer every document's request, driven by the client
+    alone at ``in_flight`` concurrent requests: the floor a job can reach."""
+    settings = LLMSettings(url=url, model="gpu", read_timeout=600, concurrency=in_flight)
+    prompt = enrich.prompt_for(Settings())
+    items = [(d["_id"], document_body(d["title"], d["text"]))
+             for d in map(json.loads, docs.read_text().splitlines())]
+    client = ModelClient(settings)
+    try:
+        started = time.monotonic()
+        answers = client.keywords(prompt, items)
+        assert all(a.ok for a in answers)
+        return time.monotonic() - started
+    finally:
+        client.close()
+
+
+def run_job(engine, base: Settings, path: Path, redis: RedisServer, model: FakeModelServer,
+            workers: int, in_flight: int):
+    suffix = uuid.uuid4().hex[:6]
+    settings = base.model_copy(update={
+        "index": IndexSettings(name=f"bench-job-{suffix}"),
+        "llm": LLMSettings(url=model.url, model="bench", read_timeout=600,
+                           concurrency=max(1, in_flight // workers)),
+        "worker": WorkerSettings(broker_url=redis.url, queue=suffix),
+        # a cache of its own, so that no run finds the proposals of the one before
+        "enrich": base.enrich.model_copy(update={"cache_index": f"bench-job-cache-{suffix}"}),
+    })
+    with LocalWorkers(settings, workers):
+        time.sleep(3)  # let the workers connect: worker start-up is not the job
+        started = time.monotonic()
+        summary = reindex(engine, settings, str(path), timeout=3600)
+        wall = time.monotonic() - started
+    assert summary.enriched == summary.documents, summary.line()
+    engine.delete_index(settings.index.name)
+    engine.delete_index(settings.enrich.cache_index)
+    return summary, wall
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=5000)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--gpus", type=int, nargs="*", default=[],
+                        help="also run the job against the stand-in answering like this many "
+                             f"GPUs ({GPU_DOCS_S:.0f} docs/s each at {GPU_IN_FLIGHT} in "
+                             "flight), with the first --workers count, against the model alone")
     args = parser.parse_args()
     base = Settings()
     engine = local.connect(base)
@@ -49,7 +100,7 @@ def main() -> None:
     path = corpus(tmp / "corpus.jsonl", args.docs)
     redis = RedisServer()
     redis.start()
-    rows = []
+    rows, gpu_rows = [], []
     try:
         with FakeModelServer() as model:
             plain_times = []
@@ -63,36 +114,36 @@ def main() -> None:
             plain_s = plain_times[-1]
             plain_rate = args.docs / plain_s
             for workers in args.workers:
-                settings = base.model_copy(update={
-                    "index": IndexSettings(name=f"bench-job-{uuid.uuid4().hex[:6]}"),
-                    "llm": LLMSettings(url=model.url, model="instant", read_timeout=60),
-                    "worker": WorkerSettings(broker_url=redis.url, queue=uuid.uuid4().hex[:8]),
-                })
-                with LocalWorkers(settings, workers):
-                    time.sleep(3)  # let the workers connect: worker start-up is not the job
-                    started = time.monotonic()
-                    summary = reindex(engine, settings, str(path), timeout=3600)
-                    wall = time.monotonic() - started
-                # the batches' waits for the model, spread over the workers that ran them
+                summary, wall = run_job(engine, base, path, redis, model, workers,
+                                        workers * base.llm.concurrency)
+                # less the time the workers sat waiting for the model, spread over them
                 without_model = wall - summary.model_s / workers
-                rate, rate_excl = args.docs / wall, args.docs / without_model
-                assert summary.enriched == args.docs, summary.line()
-                engine.delete_index(settings.index.name)
-                rows.append((workers, rate, rate_excl))
+                rows.append((workers, wall, without_model))
                 print(summary.line())
-                # each phase against plain bulk indexing; the model waits taken out of propose
                 phases = dict(summary.phases)
                 phases["propose"] = phases.get("propose", 0.0) - summary.model_s / workers
                 print("  phases, x the time of plain bulk indexing: " + ", ".join(
                     f"{name} {seconds / plain_s:.2f}x" for name, seconds in phases.items()))
+        for gpus in args.gpus:
+            in_flight = GPU_IN_FLIGHT * gpus
+            with FakeModelServer(delay=GPU_IN_FLIGHT / GPU_DOCS_S, slots=in_flight) as model:
+                alone = model_only(model.url, path, in_flight)
+                summary, wall = run_job(engine, base, path, redis, model, args.workers[0],
+                                        in_flight)
+            print(summary.line())
+            gpu_rows.append((gpus, in_flight, alone, wall))
     finally:
         redis.stop()
     print(f"{args.docs} documents, engine {engine.kind} at {engine.url}")
     print(f"plain bulk indexing: {plain_rate:.0f} docs/s")
-    for workers, rate, rate_excl in rows:
-        print(f"enrichment job, {workers} worker(s): {rate:.0f} docs/s "
-              f"= {plain_rate / rate:.2f}x the time of plain bulk indexing; model time "
-              f"excluded: {rate_excl:.0f} docs/s = {plain_rate / rate_excl:.2f}x")
+    for workers, wall, own in rows:
+        print(f"enrichment job, {workers} worker(s): {args.docs / wall:.0f} docs/s "
+              f"= {wall / plain_s:.2f}x the time of plain bulk indexing; model waits "
+              f"excluded: {args.docs / own:.0f} docs/s = {own / plain_s:.2f}x")
+    for gpus, in_flight, alone, wall in gpu_rows:
+        print(f"stand-in at {gpus} GPU(s)' speed ({in_flight} in flight): the model alone "
+              f"{alone:.1f}s ({args.docs / alone:.0f} docs/s), the job with "
+              f"{args.workers[0]} worker(s) {wall:.1f}s: job / model alone = {wall / alone:.2f}")
 
 
 if __name__ == "__main__":

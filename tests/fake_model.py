@@ -32,12 +32,17 @@ class _Server(ThreadingHTTPServer):
 
 class FakeModelServer:
     def __init__(self, answers: dict[str, list[str]] | None = None,
-                 slow_seconds: float = 2.0, delay: float = 0.0) -> None:
+                 slow_seconds: float = 2.0, delay: float = 0.0, slots: int = 0) -> None:
         self.answers = answers or {}
         self.slow_seconds = slow_seconds
         self.delay = delay  # seconds before every answer, like a model generating
+        # like a GPU server: at most ``slots`` answers generated at once (0: no limit); the
+        # others wait their turn, so throughput is slots / delay at most
+        self.slots = threading.BoundedSemaphore(slots) if slots else None
         self.calls: Counter[str] = Counter()  # per document key (its title, else its text)
         self.requests = 0
+        self.in_flight = self.peak = 0  # answers being generated now, and the most at once
+        self.spans: list[tuple[str, float, float]] = []  # (key, start, end) of each answer
         self.lock = threading.Lock()
         self.server = _Server(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -64,7 +69,22 @@ class FakeModelServer:
     def answer(self, prompt: str) -> tuple[int, str, str]:
         """(HTTP status, content, finish_reason) for one prompt."""
         key = self.key_of(prompt)
-        if self.delay:
+        with self.lock:
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+        started = time.monotonic()
+        try:
+            return self._answer(key, prompt)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+                self.spans.append((key, started, time.monotonic()))
+
+    def _answer(self, key: str, prompt: str) -> tuple[int, str, str]:
+        if self.delay and self.slots:
+            with self.slots:
+                time.sleep(self.delay)
+        elif self.delay:
             time.sleep(self.delay)
         with self.lock:
             self.calls[key] += 1

@@ -177,10 +177,10 @@ def test_attached_template_renders_the_search(engine: Engine, products: str) -> 
 
 
 @pytest.mark.parametrize("case", ["missing index", "missing field", "keyword field",
-                                  "sira of another shape", "no fields"])
+                                  "sira of another shape", "no fields", "unknown analyzer"])
 def test_bad_attach_is_one_line_and_touches_nothing(engine: Engine, products: str,
                                                     case: str) -> None:
-    index, fields = products, "name,description"
+    index, fields, extra = products, "name,description", []
     if case == "missing index":
         index = f"{products}-nope"
     elif case == "missing field":
@@ -189,6 +189,8 @@ def test_bad_attach_is_one_line_and_touches_nothing(engine: Engine, products: st
         fields = "brand"
     elif case == "no fields":
         fields = " , "
+    elif case == "unknown analyzer":
+        fields, extra = "name", ["--analyzer", "klingon"]
     else:  # a field called sira the user already has
         other = f"{products}-taken"
         body = copy.deepcopy(USER_BODY)
@@ -197,20 +199,34 @@ def test_bad_attach_is_one_line_and_touches_nothing(engine: Engine, products: st
         index = other
     before = engine.get_mapping(index) if engine.index_exists(index) else None
     try:
-        result = runner.invoke(app, ["attach", index, "--fields", fields])
+        result = runner.invoke(app, ["attach", index, "--fields", fields, *extra])
         assert result.exit_code == 2
         lines = result.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), result.output
         expected = {"missing index": "no such index", "missing field": "no field summary",
                     "keyword field": "field brand is keyword, not text",
                     "sira of another shape": "already has a field sira of another shape",
-                    "no fields": "name at least one text field"}[case]
+                    "no fields": "name at least one text field",
+                    "unknown analyzer": "--analyzer klingon: not an analyzer this index knows",
+                    }[case]
         assert expected in lines[0]
         if before is not None:
             assert engine.get_mapping(index) == before
     finally:
         if case == "sira of another shape":
             engine.delete_index(index)
+
+
+def test_attach_with_an_analyzer_of_the_index(engine: Engine, products: str) -> None:
+    invoke("attach", products, "--fields", "description", "--analyzer", "catalogue")
+    sira = engine.get_mapping(products)["properties"]["sira"]["properties"]
+    assert sira["echo"]["analyzer"] == sira["bridge"]["analyzer"] == "catalogue"
+    # the description field's own analyzer (the default, standard) is untouched
+    assert "analyzer" not in engine.get_mapping(products)["properties"]["description"]
+    again = invoke("attach", products, "--fields", "description")  # the choice is kept
+    assert "nothing to do" in again
+    recorded = engine.get_meta(products)["sira_attach"]
+    assert recorded["enrichment_analyzer"] == recorded["analyzer"] == "catalogue"
 
 
 def test_the_same_text_in_another_index_costs_no_model_call(

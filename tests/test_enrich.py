@@ -113,6 +113,27 @@ def test_propose_apply_and_idempotence(engine: Engine, fresh_index: IndexSetting
     assert model.calls["Heap sizing"] == calls_before["Heap sizing"]
 
 
+def test_batches_overlap_within_the_concurrency(engine: Engine, fresh_index: IndexSettings
+                                                ) -> None:
+    """The next batch's requests are in flight while a batch is stored, and two batches in
+    flight still share the client's concurrency."""
+    docs = [(f"d{i:02d}", f"Note {i:02d}", "shard and replica placement") for i in range(40)]
+    docs[0] = ("d00", "Note 00", "a slow answer, well within the timeout FAULT:slow:1")
+    load(engine, fresh_index.name, docs)
+    with FakeModelServer(delay=0.05, slow_seconds=0.5) as model:
+        settings = settings_for(fresh_index, model, policy="none", batch_docs=8)
+        settings.llm.concurrency = 4
+        summary = enrich.propose(engine, settings, client_for(settings),
+                                 ids=[d[0] for d in docs])
+        assert (summary.proposed, summary.model_calls, model.requests) == (40, 40, 40)
+        assert model.peak == 4  # reached, never passed
+        spans = {key: (start, end) for key, start, end in model.spans}
+        batches = [[f"Note {i:02d}" for i in range(b, b + 8)] for b in range(0, 40, 8)]
+        # while the first batch's slow answer holds one slot, the second batch uses the others
+        assert min(spans[t][0] for t in batches[1]) < spans["Note 00"][1], \
+            "the second batch waited for the first to be answered and stored"
+
+
 def test_df_is_exact_on_a_multi_shard_index(cluster: Engine, index_settings: IndexSettings
                                             ) -> None:
     index = index_settings.model_copy(update={"shards": 3, "replicas": 1})
