@@ -20,7 +20,7 @@ import pytest
 import yaml
 from test_cli import engine_env
 from typer.testing import CliRunner
-from vllm_server import MODEL_NAME, ROOT, VllmServer
+from vllm_server import MODEL_NAME, ROOT, VllmServer, environment
 
 from pipeline import enrich
 from pipeline.cli import app
@@ -31,7 +31,7 @@ from pipeline.llm import ModelClient
 SAMPLED = 1.0
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # started once: the engine-grouped tests come back to it
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     server = VllmServer(tmp_path_factory.mktemp("vllm")).start()
     yield server
@@ -93,6 +93,42 @@ def test_sira_enrich_through_vllm(vllm: VllmServer, engine: Engine, tmp_path: Pa
         engine.refresh(index)
         statuses = {h["_source"]["sira"]["status"] for h in engine.scan(index)}
         assert statuses == {"enriched"}
+    finally:
+        engine.delete_index(index)
+
+
+def test_export_batch_through_vllm_run_batch(vllm: VllmServer, opensearch: Engine,
+                                             tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The offline path: `sira export-batch` → `vllm run-batch` → `sira import-proposals`
+    (on one engine: the files are the same for both)."""
+    engine = opensearch
+    engine_env(engine, monkeypatch)
+    monkeypatch.setenv("SIRA_LLM__MODEL", MODEL_NAME)
+    monkeypatch.setenv("SIRA_LLM__TEMPERATURE", str(SAMPLED))
+    index = f"vllm-batch-{uuid.uuid4().hex[:8]}"
+    corpus = tmp_path / "notes.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": i, "title": body.split("\n")[0][7:],
+                                          "text": body}) + "\n" for i, body in documents(6)))
+    requests, results = tmp_path / "requests.jsonl", tmp_path / "results.jsonl"
+    runner = CliRunner()
+    try:
+        for args in (["index", str(corpus), "--index", index],
+                     ["export-batch", "--index", index, str(requests)]):
+            result = runner.invoke(app, args)
+            assert result.exit_code == 0, result.output
+        assert len(requests.read_text().splitlines()) == 6
+        batch = subprocess.run(
+            [str(vllm.venv / "bin" / "vllm"), "run-batch", "-i", str(requests), "-o",
+             str(results), "--model", str(vllm.model), "--served-model-name", MODEL_NAME,
+             "--load-format", "dummy", "--max-model-len", "4096"],
+            env=environment(tmp_path / "cache"), capture_output=True, text=True, timeout=600)
+        assert batch.returncode == 0, batch.stdout[-2000:] + batch.stderr[-2000:]
+        result = runner.invoke(app, ["import-proposals", str(results), "--index", index])
+        assert result.exit_code == 0, result.output
+        assert "6 documents stored, 0 recorded as failed" in result.output, result.output
+        engine.refresh(index)
+        assert {h["_source"]["sira"]["status"] for h in engine.scan(index)} == {"enriched"}
     finally:
         engine.delete_index(index)
 
