@@ -93,6 +93,18 @@ def test_sira_enrich_through_vllm(vllm: VllmServer, engine: Engine, tmp_path: Pa
         engine.refresh(index)
         statuses = {h["_source"]["sira"]["status"] for h in engine.scan(index)}
         assert statuses == {"enriched"}
+        # the query side: a sketch from vLLM within the search timeout, validated, searched
+        result = runner.invoke(app, ["search", "shard moved heap", "--index", index,
+                                     "--expand"], env={"SIRA_LLM__SEARCH_TIMEOUT": "120"})
+        assert result.exit_code == 0, result.output
+        assert "sketch: [" in result.output and "expansion skipped" not in result.output
+        assert re.search(r"\bd\d+\b", result.output)  # a note found
+        # a model slower than the search timeout costs the expansion only, not the search
+        result = runner.invoke(app, ["search", "shard moved heap", "--index", index,
+                                     "--expand"], env={"SIRA_LLM__SEARCH_TIMEOUT": "0.001"})
+        assert result.exit_code == 0, result.output
+        assert "expansion skipped: model server timed out" in result.output, result.output
+        assert re.search(r"\bd\d+\b", result.output)  # found all the same
     finally:
         engine.delete_index(index)
 
