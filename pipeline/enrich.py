@@ -77,8 +77,8 @@ def store_proposals(engine: Engine, index: str, proposals: dict[str, list[str]],
                     layout: Layout = OWN) -> BulkResult:
     """Normalise and classify ``proposals`` against their documents and write them.
     ``calls``: model requests per document, added to what the document already counted for
-    ``job``; ``model_ms``: each document's share of the time its batch waited for the model
-    (the job sums them to tell model time apart)."""
+    ``job``; ``model_ms``: each document's share of the time its worker sat waiting for the
+    model (the job sums them to tell model time apart)."""
     return engine.bulk_update(index, list(proposal_fields(
         engine, index, proposals, sources, model=model, prompt_version=prompt_version,
         stance=stance, job=job, calls=calls, model_ms=model_ms, layout=layout).items()))

@@ -80,10 +80,11 @@ def parse_keywords(content: str | None, finish_reason: str | None) -> list[str]:
         raise BadAnswer(f"answer is not JSON ({exc.msg}): {content[:120]!r}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("keywords"), list):
         raise BadAnswer(f'answer lacks a "keywords" list: {content[:120]!r}')
-    words = [w.strip() for w in data["keywords"] if isinstance(w, str) and w.strip()]
-    if len(words) != len(data["keywords"]):
-        raise BadAnswer(f'"keywords" must hold non-empty strings: {content[:120]!r}')
-    return words
+    if not all(isinstance(w, str) for w in data["keywords"]):
+        raise BadAnswer(f'"keywords" must hold strings: {content[:120]!r}')
+    # an empty string proposes nothing (vLLM's schema-guided decoding allows it): skipped,
+    # not a reason to lose the document's other terms
+    return [w.strip() for w in data["keywords"] if w.strip()]
 
 
 def _common(settings: LLMSettings, prompt: Prompt) -> dict:

@@ -13,6 +13,7 @@ document itself, so each test states its scenario in its data:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -81,11 +82,9 @@ class FakeModelServer:
                 self.spans.append((key, started, time.monotonic()))
 
     def _answer(self, key: str, prompt: str) -> tuple[int, str, str]:
-        if self.delay and self.slots:
-            with self.slots:
+        if self.delay:
+            with self.slots or contextlib.nullcontext():
                 time.sleep(self.delay)
-        elif self.delay:
-            time.sleep(self.delay)
         with self.lock:
             self.calls[key] += 1
             call = self.calls[key]

@@ -137,3 +137,11 @@ def test_tuning_picks_the_best_w_and_grows_the_grid_at_its_edge(best_w: float) -
         assert tried == [*W_GRID, W_GRID[-1] * W_GROWTH, 2.25, pytest.approx(3.375)]
     assert {n for _, n in runner.calls} == set(MAX_N_GRID)
     assert report.chosen["query.w"]["value"] == best_w
+
+
+def test_an_empty_keyword_is_skipped_a_non_string_refused() -> None:
+    from pipeline.llm import BadAnswer, parse_keywords
+
+    assert parse_keywords('{"keywords": ["", " heap size ", "  "]}', "stop") == ["heap size"]
+    with pytest.raises(BadAnswer, match="must hold strings"):
+        parse_keywords('{"keywords": ["heap", 3]}', "stop")

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from test_cli import engine_env
 from typer.testing import CliRunner
-from vllm_server import MODEL_NAME, ROOT, VllmServer, environment
+from vllm_server import MODEL_NAME, ROOT, VllmServer, environment, venv
 
 from pipeline import enrich
 from pipeline.cli import app
@@ -29,6 +29,8 @@ from pipeline.engine import Engine
 from pipeline.llm import ModelClient
 
 SAMPLED = 1.0
+# random weights write long strings: room for ten of them, so that no answer is cut off
+MAX_TOKENS = 2048
 
 
 @pytest.fixture(scope="session")  # started once: the engine-grouped tests come back to it
@@ -46,7 +48,8 @@ def documents(n: int) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("mode", ["chat", "completions"])
 def test_vllm_answers_the_clients_schema(vllm: VllmServer, mode: str) -> None:
     settings = LLMSettings(url=vllm.url, model=MODEL_NAME, mode=mode, temperature=SAMPLED,
-                           read_timeout=300, concurrency=16, completions_batch=8)
+                           read_timeout=300, concurrency=16, completions_batch=8,
+                           max_tokens=MAX_TOKENS)
     client = ModelClient(settings)
     peak = [0]
     done = threading.Event()
@@ -54,12 +57,12 @@ def test_vllm_answers_the_clients_schema(vllm: VllmServer, mode: str) -> None:
     def watch() -> None:  # how many requests the engine generates for at once
         while not done.is_set():
             peak[0] = max(peak[0], vllm.running())
-            done.wait(0.05)
+            done.wait(0.01)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        answers = client.keywords(enrich.prompt_for(Settings()), documents(32))
+        answers = client.keywords(enrich.prompt_for(Settings()), documents(64))
     finally:
         done.set()
         watcher.join()
@@ -67,7 +70,7 @@ def test_vllm_answers_the_clients_schema(vllm: VllmServer, mode: str) -> None:
     assert [a.reason for a in answers if not a.ok] == []
     assert all(isinstance(k, str) for a in answers for k in a.keywords or [])
     assert all(len(a.keywords or []) <= Settings().enrich.max_terms for a in answers)
-    first_requests = 32 if mode == "chat" else 32 // 8
+    first_requests = 64 if mode == "chat" else 64 // 8
     assert sum(a.calls for a in answers) >= first_requests
     assert peak[0] > 1, "the engine never generated for more than one request at once"
 
@@ -78,6 +81,7 @@ def test_sira_enrich_through_vllm(vllm: VllmServer, engine: Engine, tmp_path: Pa
     index = f"vllm-{uuid.uuid4().hex[:8]}"
     for key, value in {"SIRA_LLM__URL": vllm.url, "SIRA_LLM__MODEL": MODEL_NAME,
                        "SIRA_LLM__TEMPERATURE": str(SAMPLED),
+                       "SIRA_LLM__MAX_TOKENS": str(MAX_TOKENS),
                        "SIRA_LLM__READ_TIMEOUT": "300"}.items():
         monkeypatch.setenv(key, value)
     corpus = tmp_path / "notes.jsonl"
@@ -118,6 +122,7 @@ def test_export_batch_through_vllm_run_batch(vllm: VllmServer, opensearch: Engin
     engine_env(engine, monkeypatch)
     monkeypatch.setenv("SIRA_LLM__MODEL", MODEL_NAME)
     monkeypatch.setenv("SIRA_LLM__TEMPERATURE", str(SAMPLED))
+    monkeypatch.setenv("SIRA_LLM__MAX_TOKENS", str(MAX_TOKENS))
     index = f"vllm-batch-{uuid.uuid4().hex[:8]}"
     corpus = tmp_path / "notes.jsonl"
     corpus.write_text("".join(json.dumps({"_id": i, "title": body.split("\n")[0][7:],
@@ -153,13 +158,11 @@ def manifest_args(path: Path, container: str) -> list[str]:
         if doc and doc.get("kind") == "ConfigMap" and doc["metadata"]["name"] == "vllm-config":
             config = doc["data"]
     for doc in docs:
-        for spec in [((doc or {}).get("spec") or {}).get("template", {}).get("spec", {}),
-                     (((doc or {}).get("spec") or {}).get("template", {}).get("spec", {})
-                      .get("template", {}).get("spec", {}))]:
-            for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
-                if c["name"] == container:
-                    return [re.sub(r"\$\((\w+)\)", lambda m: str(config[m.group(1)]), a)
-                            for a in c["command"] + c.get("args", [])]
+        spec = ((doc or {}).get("spec") or {}).get("template", {}).get("spec", {})
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            if c["name"] == container:
+                return [re.sub(r"\$\((\w+)\)", lambda m: str(config[m.group(1)]), a)
+                        for a in c["command"] + c.get("args", [])]
     raise AssertionError(f"{path}: no container {container}")
 
 
@@ -182,8 +185,6 @@ make_arg_parser(FlexibleArgumentParser()).parse_args(args)
 def test_vllm_accepts_the_manifests_flags(manifest: str, container: str) -> None:
     """Every flag a manifest passes, parsed by the installed vLLM's own argument parser; the
     image the manifest names is the version the tests run."""
-    from vllm_server import venv
-
     command = manifest_args(ROOT / manifest, container)
     assert command[0] == "vllm" and command[1] in ("serve", "run-batch")
     python = venv() / "bin" / "python"
