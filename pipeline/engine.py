@@ -341,6 +341,12 @@ class Engine:
         return {"segments": len(rows),
                 "deleted_docs": sum(int(r.get("docs.deleted") or 0) for r in rows)}
 
+    def writes(self, name: str) -> int:
+        """Index operations the primaries of ``name`` have taken (every new document, every
+        overwrite and every partial update counts one): what a job cost the engine."""
+        stats = self.client.indices.stats(index=name, metric="indexing")
+        return int(stats["_all"]["primaries"]["indexing"]["index_total"])
+
     def force_merge(self, name: str, wait_s: float = 120.0) -> dict[str, int]:
         """Merge an index that is done being written into one segment, dropping the deleted
         copies that updates left behind (they count in BM25 statistics and cost search time).

@@ -64,15 +64,18 @@ def model_only(url: str, docs: Path, in_flight: int) -> float:
 
 
 def run_job(engine, base: Settings, path: Path, redis: RedisServer, model: FakeModelServer,
-            workers: int, in_flight: int):
+            workers: int, in_flight: int, cache_index: str | None = None):
+    """One job into a new index; returns its summary, wall time and index operations per
+    document (the engine's count). ``cache_index``: a proposal cache to use and keep (else
+    one of its own, so that no run finds the proposals of the one before, dropped after)."""
     suffix = uuid.uuid4().hex[:6]
+    cache = cache_index or f"bench-job-cache-{suffix}"
     settings = base.model_copy(update={
         "index": IndexSettings(name=f"bench-job-{suffix}"),
         "llm": LLMSettings(url=model.url, model="bench", read_timeout=600,
                            concurrency=max(1, in_flight // workers)),
         "worker": WorkerSettings(broker_url=redis.url, queue=suffix),
-        # a cache of its own, so that no run finds the proposals of the one before
-        "enrich": base.enrich.model_copy(update={"cache_index": f"bench-job-cache-{suffix}"}),
+        "enrich": base.enrich.model_copy(update={"cache_index": cache}),
     })
     with LocalWorkers(settings, workers):
         time.sleep(3)  # let the workers connect: worker start-up is not the job
@@ -80,9 +83,19 @@ def run_job(engine, base: Settings, path: Path, redis: RedisServer, model: FakeM
         summary = reindex(engine, settings, str(path), timeout=3600)
         wall = time.monotonic() - started
     assert summary.enriched == summary.documents, summary.line()
+    writes = engine.writes(settings.index.name) / summary.documents
     engine.delete_index(settings.index.name)
-    engine.delete_index(settings.enrich.cache_index)
-    return summary, wall
+    if cache_index is None:
+        engine.delete_index(cache)
+    return summary, wall, writes
+
+
+def phase_line(summary, plain_s: float, workers: int) -> str:
+    phases = dict(summary.phases)
+    if "propose" in phases:
+        phases["propose"] -= summary.model_s / workers
+    return "  phases, x the time of plain bulk indexing: " + ", ".join(
+        f"{name} {seconds / plain_s:.2f}x" for name, seconds in phases.items())
 
 
 def main() -> None:
@@ -114,32 +127,46 @@ def main() -> None:
             plain_s = plain_times[-1]
             plain_rate = args.docs / plain_s
             for workers in args.workers:
-                summary, wall = run_job(engine, base, path, redis, model, workers,
-                                        workers * base.llm.concurrency)
+                summary, wall, writes = run_job(engine, base, path, redis, model, workers,
+                                                workers * base.llm.concurrency)
                 # less the time the workers sat waiting for the model, spread over them
                 without_model = wall - summary.model_s / workers
-                rows.append((workers, wall, without_model))
+                rows.append((f"{workers} worker(s), cache empty", wall, without_model, writes))
                 print(summary.line())
-                phases = dict(summary.phases)
-                phases["propose"] = phases.get("propose", 0.0) - summary.model_s / workers
-                print("  phases, x the time of plain bulk indexing: " + ", ".join(
-                    f"{name} {seconds / plain_s:.2f}x" for name, seconds in phases.items()))
+                print(phase_line(summary, plain_s, workers))
+            # the same documents again into a new index, the proposal cache filled by the
+            # first job: a rebuild or a reindex elsewhere (no model call)
+            workers = args.workers[0]
+            cache = f"bench-job-cache-{uuid.uuid4().hex[:6]}"
+            try:
+                run_job(engine, base, path, redis, model, workers,
+                        workers * base.llm.concurrency, cache)
+                calls = model.requests
+                summary, wall, writes = run_job(engine, base, path, redis, model, workers,
+                                                workers * base.llm.concurrency, cache)
+            finally:
+                engine.delete_index(cache)
+            assert model.requests == calls, "the cached job called the model"
+            rows.append((f"{workers} worker(s), cache filled", wall, wall, writes))
+            print(summary.line())
+            print(phase_line(summary, plain_s, workers))
         for gpus in args.gpus:
             in_flight = GPU_IN_FLIGHT * gpus
             with FakeModelServer(delay=GPU_IN_FLIGHT / GPU_DOCS_S, slots=in_flight) as model:
                 alone = model_only(model.url, path, in_flight)
-                summary, wall = run_job(engine, base, path, redis, model, args.workers[0],
-                                        in_flight)
+                summary, wall, _ = run_job(engine, base, path, redis, model,
+                                           args.workers[0], in_flight)
             print(summary.line())
             gpu_rows.append((gpus, in_flight, alone, wall))
     finally:
         redis.stop()
     print(f"{args.docs} documents, engine {engine.kind} at {engine.url}")
     print(f"plain bulk indexing: {plain_rate:.0f} docs/s")
-    for workers, wall, own in rows:
-        print(f"enrichment job, {workers} worker(s): {args.docs / wall:.0f} docs/s "
+    for label, wall, own, writes in rows:
+        print(f"enrichment job, {label}: {args.docs / wall:.0f} docs/s "
               f"= {wall / plain_s:.2f}x the time of plain bulk indexing; model waits "
-              f"excluded: {args.docs / own:.0f} docs/s = {own / plain_s:.2f}x")
+              f"excluded: {args.docs / own:.0f} docs/s = {own / plain_s:.2f}x; "
+              f"{writes:.2f} writes per document")
     for gpus, in_flight, alone, wall in gpu_rows:
         print(f"stand-in at {gpus} GPU(s)' speed ({in_flight} in flight): the model alone "
               f"{alone:.1f}s ({args.docs / alone:.0f} docs/s), the job with "

@@ -17,10 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from test_cli import engine_env
 from typer.testing import CliRunner
-from vllm_server import MODEL_NAME, ROOT, VllmServer, environment, venv
+from vllm_server import MODEL_NAME, ROOT, VllmServer, environment, manifest_args, venv
 
 from pipeline import enrich
 from pipeline.cli import app
@@ -148,22 +147,6 @@ def test_export_batch_through_vllm_run_batch(vllm: VllmServer, opensearch: Engin
         assert {h["_source"]["sira"]["status"] for h in engine.scan(index)} == {"enriched"}
     finally:
         engine.delete_index(index)
-
-
-def manifest_args(path: Path, container: str) -> list[str]:
-    """A container's command and args, with the ConfigMap values put in for $(VAR)."""
-    docs = list(yaml.safe_load_all(path.read_text()))
-    config = {}
-    for doc in yaml.safe_load_all((ROOT / "k8s" / "base" / "vllm.yaml").read_text()):
-        if doc and doc.get("kind") == "ConfigMap" and doc["metadata"]["name"] == "vllm-config":
-            config = doc["data"]
-    for doc in docs:
-        spec = ((doc or {}).get("spec") or {}).get("template", {}).get("spec", {})
-        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
-            if c["name"] == container:
-                return [re.sub(r"\$\((\w+)\)", lambda m: str(config[m.group(1)]), a)
-                        for a in c["command"] + c.get("args", [])]
-    raise AssertionError(f"{path}: no container {container}")
 
 
 PARSE = """

@@ -36,24 +36,27 @@ TRAINING = [
 ] * 50
 
 
-def build(folder: Path) -> Path:
+def build(folder: Path, config: dict = CONFIG, training: list[str] = TRAINING,
+          vocab: int = VOCAB) -> Path:
+    """Write the model folder: ``config`` (its ``vocab_size`` the embedding rows, at least
+    the tokenizer's ``vocab``), a tokenizer trained on ``training``, the chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIAL,
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(TRAINING, trainer)
+    tokenizer.train_from_iterator(training, trainer)
     tokenizer.save(str(folder / "tokenizer.json"))
-    assert tokenizer.get_vocab_size() <= VOCAB, tokenizer.get_vocab_size()
+    assert tokenizer.get_vocab_size() <= config["vocab_size"], tokenizer.get_vocab_size()
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT_TEMPLATE,
         "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-        "model_max_length": CONFIG["max_position_embeddings"]}))
+        "model_max_length": config["max_position_embeddings"]}))
     eos = tokenizer.token_to_id("<|im_end|>")
-    (folder / "config.json").write_text(json.dumps({**CONFIG, "eos_token_id": eos}))
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": eos}))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
     return folder
 

@@ -4,12 +4,14 @@ venv of its own, serving tests/tiny_model.py's folder with random weights."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "tiny"
@@ -89,3 +91,19 @@ class VllmServer:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, 9)
                 self.proc.wait()
+
+
+def manifest_args(path: Path, container: str) -> list[str]:
+    """A container's command and args, with the ConfigMap values put in for $(VAR)."""
+    docs = list(yaml.safe_load_all(path.read_text()))
+    config = {}
+    for doc in yaml.safe_load_all((ROOT / "k8s" / "base" / "vllm.yaml").read_text()):
+        if doc and doc.get("kind") == "ConfigMap" and doc["metadata"]["name"] == "vllm-config":
+            config = doc["data"]
+    for doc in docs:
+        spec = ((doc or {}).get("spec") or {}).get("template", {}).get("spec", {})
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            if c["name"] == container:
+                return [re.sub(r"\$\((\w+)\)", lambda m: str(config[m.group(1)]), a)
+                        for a in c["command"] + c.get("args", [])]
+    raise AssertionError(f"{path}: no container {container}")
