@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -72,6 +73,28 @@ def test_vllm_answers_the_clients_schema(vllm: VllmServer, mode: str) -> None:
     first_requests = 64 if mode == "chat" else 64 // 8
     assert sum(a.calls for a in answers) >= first_requests
     assert peak[0] > 1, "the engine never generated for more than one request at once"
+
+
+@pytest.mark.parametrize("mode", ["chat", "completions"])
+def test_vllm_cut_answers_get_the_stricter_retry(vllm: VllmServer, mode: str) -> None:
+    """Too small a ``max_tokens``: vLLM cuts every answer (finish_reason length); the client
+    sends each input once more, alone and with the stricter reminder, then records why it
+    failed. Every prompt sent is one the server finished."""
+    settings = LLMSettings(url=vllm.url, model=MODEL_NAME, mode=mode, temperature=SAMPLED,
+                           read_timeout=300, concurrency=8, completions_batch=4, max_tokens=4)
+    client = ModelClient(settings)
+    before = vllm.counter("vllm:request_success_total")
+    try:
+        answers = client.keywords(enrich.prompt_for(Settings()), documents(8))
+    finally:
+        client.close()
+    assert {a.reason for a in answers} == {
+        "truncated answer (finish_reason=length) (after a stricter retry)"}
+    # HTTP requests: in completions mode the batches, then one each; vLLM counts every
+    # prompt of a list as a request of its own
+    http = 2 * 8 if mode == "chat" else 8 // 4 + 8
+    assert sum(a.calls for a in answers) == http
+    assert vllm.counter("vllm:request_success_total") - before == 2 * 8
 
 
 def test_sira_enrich_through_vllm(vllm: VllmServer, engine: Engine, tmp_path: Path,
@@ -178,3 +201,52 @@ def test_vllm_accepts_the_manifests_flags(manifest: str, container: str) -> None
                         .read_text()).group(1)
     images = re.findall(r"image: vllm/vllm-openai:v(\S+)", (ROOT / manifest).read_text())
     assert images and set(images) == {version}, images
+
+
+def test_gpu_throughput_script_parts_on_the_cpu_build(vllm: VllmServer, tmp_path: Path) -> None:
+    """What scripts/gpu_throughput.sh runs, short of a GPU: the driver against vLLM (the
+    server's counters read, every document accounted for), the default model's architecture
+    folder read by vLLM's own config and tokenizer loaders, and the flags it serves with
+    parsed by vLLM's parser."""
+    collection = tmp_path / "beir"
+    collection.mkdir()
+    (collection / "corpus.jsonl").write_text("".join(
+        json.dumps({"_id": doc_id, "title": "", "text": body}) + "\n"
+        for doc_id, body in documents(12)))
+    figures_file = tmp_path / "figures.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_throughput.py"), "--url", vllm.url,
+         "--model", MODEL_NAME, "--collection", str(collection), "--docs", "8", "--warmup",
+         "4", "--concurrency", "8", "--max-tokens", str(MAX_TOKENS), "--json",
+         str(figures_file)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    figures = json.loads(figures_file.read_text())
+    assert figures["documents"] == 8
+    assert figures["answered"] + sum(figures["failed"].values()) == 8
+    assert figures["server_requests"] >= 8 and figures["client_requests"] >= 8
+    assert figures["prompt_tokens_per_request"] > 20 and figures["generated_tokens_per_s"] > 0
+    assert "documents/s" in run.stdout
+
+    model = tmp_path / "model"
+    subprocess.run([vllm.python, str(ROOT / "scripts" / "gpu_model.py"), str(model),
+                    "--collection", str(collection)], check=True, capture_output=True)
+    read = ("import sys; from transformers import AutoConfig, AutoTokenizer; "
+            "c = AutoConfig.from_pretrained(sys.argv[1]); "
+            "t = AutoTokenizer.from_pretrained(sys.argv[1]); "
+            "print(c.model_type, c.num_experts, c.num_experts_per_tok, c.num_hidden_layers, "
+            "len(t) <= c.vocab_size, t.apply_chat_template([{'role': 'user', 'content': 'x'}], "
+            "tokenize=False, add_generation_prompt=True).endswith('assistant\\n'))")
+    loaded = subprocess.run([vllm.python, "-c", read, str(model)], capture_output=True,
+                            text=True, env=environment(tmp_path / "cache"))
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.split() == ["qwen3_moe", "128", "8", "48", "True", "True"]
+
+    flags = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_throughput.py"),
+                            "--serve-args"], capture_output=True, text=True, check=True)
+    parsed = subprocess.run(
+        [vllm.python, "-c", PARSE, "serve", str(model), *flags.stdout.split(), "--load-format",
+         "dummy", "--served-model-name", "m", "--host", "127.0.0.1", "--port", "8000",
+         "--quantization", "fp8"], capture_output=True, text=True,
+        env={"VLLM_LOGGING_LEVEL": "ERROR", "PATH": "/usr/bin"})
+    assert parsed.returncode == 0, parsed.stderr[-2000:]
+

@@ -83,6 +83,12 @@ class VllmServer:
                 return int(float(line.rsplit(" ", 1)[1]))
         raise AssertionError("no vllm:num_requests_running in /metrics")
 
+    def counter(self, name: str) -> float:
+        """A Prometheus counter of the server, summed over its labels."""
+        text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith((f"{name}{{", f"{name} ")))
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, 15)
