@@ -11,6 +11,11 @@ What a DF counts (``basis``):
 - ``both``: documents with either — a term common in the text *or* proposed everywhere is
   common.
 
+Validating a query-side sketch needs less: whether a phrase's DF is 0, at most the cap, or
+over it. ``bounded_frequencies`` counts each phrase with a search that stops on each shard after
+cap + 1 matches, so its cost does not grow with the collection (a ``filters`` aggregation
+visits every match of every candidate).
+
 The filter policies built on them are in ``pipeline.policies``.
 """
 
@@ -56,6 +61,25 @@ def document_frequencies(
             "buckets"]
         for i, (norm, _) in enumerate(chunk):
             out[norm] = int(buckets[f"t{i}"]["doc_count"])
+    return out
+
+
+def bounded_frequencies(engine: Engine, index: str, terms: dict[str, str], bound: int,
+                        fields: list[str], batch: int = 200) -> dict[str, int]:
+    """min(DF, ``bound``) of each term ``{norm: surface text}`` (a phrase query on ``fields``),
+    count-only searches in one ``_msearch`` per ``batch``, each shard stopping after ``bound``
+    matches (``terminate_after``). Exact on any number of shards: a shard that stopped alone
+    brings the sum to ``bound``; where none stopped, every shard's count is whole."""
+    items = list(terms.items())
+    out: dict[str, int] = {}
+    for start in range(0, len(items), batch):
+        chunk = items[start:start + batch]
+        responses = engine.msearch(index, [
+            {"size": 0, "track_total_hits": True, "terminate_after": bound,
+             "query": {"multi_match": {"query": text, "type": "phrase", "fields": fields}}}
+            for _, text in chunk])
+        for (norm, _), response in zip(chunk, responses, strict=True):
+            out[norm] = min(int(response["hits"]["total"]["value"]), bound)
     return out
 
 

@@ -76,17 +76,19 @@ def engine(request: pytest.FixtureRequest, farm: EngineFarm) -> Iterator[Engine]
     yield from _serve(farm, request.param)
 
 
-@pytest.fixture(scope="session")
-def opensearch(farm: EngineFarm) -> Iterator[Engine]:
-    yield from _serve(farm, "opensearch")
+# one-value params: the engine a test ran on shows in its id ([opensearch], [opensearch-3],
+# [elasticsearch]) like the two-engine tests' ids do
+@pytest.fixture(scope="session", params=["opensearch"])
+def opensearch(request: pytest.FixtureRequest, farm: EngineFarm) -> Iterator[Engine]:
+    yield from _serve(farm, request.param)
 
 
-@pytest.fixture(scope="session")
-def elasticsearch(farm: EngineFarm) -> Iterator[Engine]:
-    yield from _serve(farm, "elasticsearch")
+@pytest.fixture(scope="session", params=["elasticsearch"])
+def elasticsearch(request: pytest.FixtureRequest, farm: EngineFarm) -> Iterator[Engine]:
+    yield from _serve(farm, request.param)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", params=["opensearch-3"])
 def cluster(farm: EngineFarm) -> Iterator[Engine]:
     """A real 3-node OpenSearch cluster."""
     yield from _serve(farm, "opensearch-3nodes")

@@ -166,6 +166,11 @@ def test_df_is_exact_on_a_multi_shard_index(cluster: Engine, index_settings: Ind
             assert got == {norm[t]: len(truth[t]) for t in candidates}, basis
         assert dfstats.proposal_frequencies(cluster, index.name, page=5) == \
             Counter({norm[t]: len(proposed[t]) for t in candidates})
+        # what sketch validation asks: min(DF, bound), each shard stopping at the bound
+        for bound in (1, 5, 40, 1000):
+            got = dfstats.bounded_frequencies(cluster, index.name, surfaces, bound,
+                                              dfstats.TEXT_FIELDS, batch=7)
+            assert got == {norm[t]: min(len(in_text[t]), bound) for t in candidates}, bound
     finally:
         cluster.delete_index(index.name)
 
