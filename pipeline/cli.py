@@ -30,7 +30,7 @@ from pipeline.jobs import (
     reindex,
 )
 from pipeline.llm import ModelClient, NotConfigured
-from pipeline.loaders import CorpusError, count_items, is_beir_folder, load_queries
+from pipeline.loaders import CorpusError, beir_split, count_items, load_queries
 from pipeline.local import servers
 from pipeline.policies import PolicyKind
 from pipeline.profile import DEFAULT_W, Classes, Profile, ProfileError
@@ -951,30 +951,108 @@ def bench_latency_cmd(
 @app.command("demo")
 def demo(
     ctx: typer.Context,
-    queries: Annotated[int, typer.Option(help="How many sample queries to run.")] = 3,
+    queries: Annotated[int, typer.Option(help="How many sample queries to show.")] = 8,
 ) -> None:
-    """Start a local OpenSearch, index the sample collection, search it."""
+    """Start a local OpenSearch, index the sample collection, enrich it (the model output
+    recorded for it, or the live model with SIRA_LLM__URL) and search it three ways."""
+    from pipeline import demo as first_run
+
     settings = _settings(ctx)
-    if not settings.engine.url:
+    where = redact_url(settings.engine.url) if settings.engine.url else None
+    if where is None:
+        running = servers.load_record(settings.state_dir, LOCAL)
+        if running is None or not servers.is_running(running):
+            err.print("starting a local OpenSearch (fetched from Maven Central the first time, "
+                      "about 90 MB, cached in ~/.m2; then 20-40 s to start)...")
         try:
             record = servers.start("opensearch", LOCAL, settings.state_dir)
         except servers.EngineError as exc:
             raise _fail(str(exc)) from exc
+        where = record.url
         out.print(f"local OpenSearch {record.version} at {record.url}")
     if settings.index.name == "sira":
         settings = _with(settings, index={"name": "sira-sample"})
     engine = _connect(settings)
-    assert is_beir_folder(SAMPLE), f"the sample collection is missing from {SAMPLE}"
+    texts, qrels = beir_split(first_run.SAMPLE, "test")
+    client = None
     if settings.llm.url:
         out.print(f"model server: {redact_url(settings.llm.url)}; running the enrichment job")
         try:
-            summary = _run_job(settings, engine, str(SAMPLE), workers=1, timeout=600)
+            summary = _run_job(settings, engine, str(first_run.SAMPLE), workers=1, timeout=600)
         except JobFailed as exc:
             raise _fail(str(exc), 1) from exc
         out.print(summary.line(), highlight=False)
+        client = ModelClient(settings.llm.model_copy(update={
+            "read_timeout": settings.llm.search_timeout, "max_attempts": 1}))
+        sketches = None
+        source = f"the live model ({settings.llm.model})"
     else:
-        _index(settings, engine, SAMPLE, recreate=True)
-        out.print("no model server configured (SIRA_LLM__URL): enrichment skipped, "
-                  "searching plain BM25")
-    for text in list(load_queries(SAMPLE / "queries.jsonl").values())[:queries]:
-        _print_hits(search(engine, settings, text, size=5))
+        _index(settings, engine, first_run.SAMPLE, recreate=True)
+        model, stored = first_run.replay_recorded(engine, settings)
+        sketches = first_run.recorded_sketches()
+        source = f"recorded model output ({model})"
+        out.print(f"No model server configured (SIRA_LLM__URL): replaying model output "
+                  f"recorded once for the sample ({model}; provenance in "
+                  f"pipeline/sample/recorded/README.md): proposals for {stored} notes, "
+                  f"sketches for {len(sketches)} queries. No model is called.",
+                  highlight=False)
+    try:
+        rows = first_run.compare(engine, settings, texts, qrels, sketches=sketches,
+                                 client=client)
+    finally:
+        if client:
+            client.close()
+    for row in rows[:queries]:
+        _print_compared(row)
+    _print_first_run_measures(first_run.measures(rows, qrels), len(rows), source)
+    sira = Path(sys.argv[0]).name if Path(sys.argv[0]).parent == Path() else sys.argv[0]
+    out.print(f"\nThe engine is still running at {where}, index {settings.index.name}.",
+              highlight=False)
+    out.print(f'  search it again: {sira} search "your words" --index {settings.index.name}'
+              " --explain", highlight=False)
+    if settings.engine.url is None:
+        out.print(f"  stop it:         {sira} engine stop", highlight=False)
+
+
+def _print_compared(row: Any) -> None:
+    from pipeline import demo as first_run
+
+    table = Table(title=f"{row.query_id}: {row.text!r} (top 3)", title_justify="left")
+    for config in first_run.CONFIGS:
+        table.add_column(config, overflow="ellipsis", no_wrap=True, max_width=34)
+    for rank in range(3):
+        cells = []
+        for config in first_run.CONFIGS:
+            hits = row.rankings[config]
+            if rank < len(hits):
+                mark = "✓ " if hits[rank].id in row.judged else "  "
+                cells.append(f"{mark}{hits[rank].id} {hits[rank].title}")
+            else:
+                cells.append("")
+        table.add_row(*cells)
+    out.print(table)
+    firsts = [row.first_judged(c) for c in first_run.CONFIGS]
+    moved = "" if len(set(firsts)) == 1 else "  <- moved"
+    out.print("  judged note (✓) first at rank: " + ", ".join(
+        f"{c} {f if f else '>10'}" for c, f in zip(first_run.CONFIGS, firsts, strict=True))
+        + moved, highlight=False)
+    if row.sketch is not None or row.note:
+        out.print(f"  sketch terms kept: {', '.join(row.sketch or []) or 'none'}"
+                  + (f" ({row.note})" if row.note else ""), highlight=False)
+
+
+def _print_first_run_measures(figures: dict[str, dict[str, float]], n: int, source: str
+                              ) -> None:
+    table = Table(title=f"{n} judged sample queries, enrichment from {source}",
+                  title_justify="left")
+    for column in ("configuration", "nDCG@10", "R@10", "nDCG@10 vs BM25"):
+        table.add_column(column, justify="left" if column == "configuration" else "right")
+    base = figures["BM25"]["nDCG@10"]
+    for config, values in figures.items():
+        delta = "" if config == "BM25" else f"{values['nDCG@10'] - base:+.3f}"
+        table.add_row(config, f"{values['nDCG@10']:.3f}", f"{values['R@10']:.3f}", delta)
+    out.print(table)
+    out.print(f"{n} queries show the method, they do not measure it: the measured gains are in "
+              "the README's Results (public collections, with confidence intervals).",
+              highlight=False)
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -155,9 +156,21 @@ def test_demo_indexes_and_searches_the_sample(opensearch: Engine,
     try:
         result = runner.invoke(app, ["--index", index, "demo", "--queries", "2"])
         assert result.exit_code == 0, result.output
-        assert f"{index}: loaded 30, indexed 30, skipped 0" in result.output
-        assert "why is my cluster yellow" in result.output
-        assert "ops-001" in result.output  # the judged answer to the first sample query
+        output = " ".join(result.output.split())  # rich wraps long lines
+        assert f"{index}: loaded 30, indexed 30, skipped 0" in output
+        # no model server: the recorded output is replayed, and said to be
+        assert "replaying model output recorded once for the sample" in output
+        assert "proposals for 30 notes, sketches for 8 queries" in output
+        assert opensearch.count(index, {"term": {"sira.status": "enriched"}}) == 30
+        assert opensearch.get(index, "ops-001")["sira"]["model"] == "frontier-llm-recorded"
+        assert "why is my cluster yellow" in output and "ops-001" in output
+        assert "worker crashed" not in output  # --queries 2: two of the eight shown
+        assert "8 judged sample queries" in output  # ... and all eight measured
+        for config in ("BM25", "+ doc terms", "+ sketch"):
+            assert re.search(rf"│ {re.escape(config)} │ [01]\.\d{{3}} │ [01]\.\d{{3}} │",
+                             output), config
+        assert f"The engine is still running at {opensearch.url}, index {index}" in output
+        assert f'search "your words" --index {index}' in output
     finally:
         opensearch.delete_index(index)
 
@@ -264,7 +277,9 @@ def test_demo_runs_the_job_with_the_embedded_broker(opensearch: Engine, tmp_path
             assert "30 documents (30 new" in result.output
             assert "30 sent to the model: 30 proposed, 0 failed" in result.output
             assert "30 enriched; 30 model calls" in result.output
-            assert len(model.calls) == 30
+            # one request per note, then one sketch per judged query (all eight measured)
+            assert len(model.calls) == 30 + 8
+            assert "enrichment from the live model" in " ".join(result.output.split())
             assert opensearch.get(index, "ops-001")["sira"]["status"] == "enriched"
         finally:
             opensearch.delete_index(index)

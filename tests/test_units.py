@@ -145,3 +145,23 @@ def test_an_empty_keyword_is_skipped_a_non_string_refused() -> None:
     assert parse_keywords('{"keywords": ["", " heap size ", "  "]}', "stop") == ["heap size"]
     with pytest.raises(BadAnswer, match="must hold strings"):
         parse_keywords('{"keywords": ["heap", 3]}', "stop")
+
+
+def test_first_run_measures_by_rank() -> None:
+    """The demo's nDCG@10 / R@10 score the engine's order (ties included) by rank."""
+    from pipeline.demo import Compared, measures
+
+    def hits(*ids: str) -> list[Hit]:
+        return [Hit(i, 1.0, i, "") for i in ids]  # equal scores: only the order tells
+
+    row = Compared("q", "text", {"good"})
+    row.rankings = {"BM25": hits("bad", "good"), "+ doc terms": hits("good", "bad"),
+                    "+ sketch": hits("bad", "worse")}
+    row2 = Compared("q2", "text", {"x"})
+    row2.rankings = {c: hits("x") for c in row.rankings}
+    assert row.first_judged("BM25") == 2 and row.first_judged("+ sketch") is None
+    figures = measures([row, row2], {"q": {"good": 1}, "q2": {"x": 1}})
+    assert figures["BM25"]["nDCG@10"] == pytest.approx((1 / math.log2(3) + 1) / 2)
+    assert figures["+ doc terms"] == {"nDCG@10": 1.0, "R@10": 1.0}
+    assert figures["+ sketch"] == {"nDCG@10": 0.5, "R@10": 0.5}
+
