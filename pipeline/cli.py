@@ -869,7 +869,7 @@ def bench_cmd(
             raise _fail(str(exc)) from exc
     paths = bench.write(report, runs, out_dir)
     out.print(bench.markdown(report))
-    out.print(f"\nwrote {paths['json']}, {paths['md']}, {paths['png']}")
+    out.print("\nwrote " + ", ".join(str(p) for p in paths.values()))
     if save_profile:
         profile = Profile.model_validate(report.profile)
         write_profile(save_profile, profile, report.chosen)

@@ -114,6 +114,10 @@ def test_bench_end_to_end(opensearch: Engine, tmp_path: Path) -> None:
         paths = bench.write(report, runs, tmp_path / "out")
         assert json.loads(paths["json"].read_text())["rows"]["bm25"] == bm25
         assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+        assert paths["png_queries"].read_bytes()[:4] == b"\x89PNG"
+        best = bench.report.best_config(report)
+        assert best != "bm25" and report.rows[best]["nDCG@10"] == max(
+            row["nDCG@10"] for name, row in report.rows.items() if name != "bm25")
         assert "| doc+query |" in paths["md"].read_text()
 
         queries, _ = bench.beir_split(dataset, "test")
