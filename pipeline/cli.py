@@ -156,6 +156,8 @@ def engine_fetch(
     version: Annotated[str | None, typer.Option(help="Artifact version.")] = None,
 ) -> None:
     """Download an engine from Maven Central into the Maven repository (no start)."""
+    err.print(f"fetching {kind} {version or servers.DEFAULT_VERSIONS[kind]} from Maven Central "
+              "(the first time up to about 200 MB into ~/.m2; cached after)...")
     try:
         servers.fetch(kind, version, _settings(ctx).state_dir)
     except servers.EngineError as exc:
@@ -962,8 +964,8 @@ def demo(
     if where is None:
         running = servers.load_record(settings.state_dir, LOCAL)
         if running is None or not servers.is_running(running):
-            err.print("starting a local OpenSearch (fetched from Maven Central the first time, "
-                      "about 90 MB, cached in ~/.m2; then 20-40 s to start)...")
+            err.print("starting a local OpenSearch (fetched from Maven Central the first time "
+                      "into ~/.m2, then cached; 20-40 s to start)...")
         try:
             record = servers.start("opensearch", LOCAL, settings.state_dir)
         except servers.EngineError as exc:
