@@ -4,8 +4,10 @@ default ``sira-proposal-cache``; "" turns it off). An application overwriting a 
 with the same text, a reindex into a new index, or the same text in another index costs no
 model call: ``enrich.propose`` restores the proposals from here and sends only the rest. The
 cache outlives the enriched indices; ``sira cache stats`` / ``sira cache prune`` look after
-it. The cache holds what the model said (raw); the proposals are normalised and classified
-again against the index they are restored into, whose analyzer may differ from the first one's.
+it. The cache holds what the model said (raw) and the terms made of it (normalised,
+classified) with the key of the analysis that made them (``terms.analysis_key``): restored into
+an index analysed the same way they are used as they are; into another one, the raw proposals
+are normalised and classified again against it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from pipeline.engine import BulkResult, Engine
 from pipeline.loaders import now_iso
 
 DEFAULT_INDEX = "sira-proposal-cache"
+ADDED = {  # fields added after the first caches were made (``ensure`` adds them to those)
+    "analysis": {"type": "keyword"},
+    "terms": {"type": "object", "enabled": False},
+}
 BODY = {
     "settings": {"index": {"number_of_shards": 1, "auto_expand_replicas": "0-1"}},
     "mappings": {"dynamic": "strict", "properties": {
@@ -26,6 +32,7 @@ BODY = {
         "model": {"type": "keyword"},
         "raw": {"type": "keyword", "index": False, "doc_values": False},
         "at": {"type": "date"},
+        **ADDED,
     }},
 }
 
@@ -38,6 +45,7 @@ def key(content_hash: str, prompt_version: str, model: str) -> str:
 class Entry:
     content_hash: str
     raw: list[str]
+    terms: list[dict] | None = None  # {"text", "norm", "class"} each, made under ``analysis``
 
 
 class ProposalCache:
@@ -51,12 +59,14 @@ class ProposalCache:
 
     def ensure(self) -> None:
         if not self._exists:
-            self.engine.create(self.index, BODY)
+            if not self.engine.create(self.index, BODY):  # one made by an earlier version
+                self.engine.put_mapping(self.index, ADDED)
             self._exists = True
 
-    def lookup(self, hashes: dict[str, str], prompt_version: str, model: str
-               ) -> dict[str, list[str]]:
-        """Cached raw proposals per document id, given each document's text hash."""
+    def lookup(self, hashes: dict[str, str], prompt_version: str, model: str,
+               analysis: str | None = None) -> dict[str, Entry]:
+        """Cached entries per document id, given each document's text hash; an entry's
+        ``terms`` only where they were made under ``analysis``."""
         if not hashes:
             return {}
         if self._exists is None:
@@ -64,11 +74,19 @@ class ProposalCache:
         if not self._exists:
             return {}
         keys = {doc_id: key(h, prompt_version, model) for doc_id, h in hashes.items()}
-        found = self.engine.mget(self.index, sorted(set(keys.values())), source=["raw"])
-        return {doc_id: list(found[k].get("raw") or []) for doc_id, k in keys.items()
-                if k in found}
+        found = self.engine.mget(self.index, sorted(set(keys.values())),
+                                 source=["raw", "terms", "analysis"])
+        out = {}
+        for doc_id, k in keys.items():
+            if k in found:
+                hit = found[k]
+                same = analysis is not None and hit.get("analysis") == analysis
+                out[doc_id] = Entry(hashes[doc_id], list(hit.get("raw") or []),
+                                    hit.get("terms") if same else None)
+        return out
 
-    def store(self, entries: list[Entry], prompt_version: str, model: str) -> BulkResult:
+    def store(self, entries: list[Entry], prompt_version: str, model: str,
+              analysis: str | None = None) -> BulkResult:
         """Remember what the model proposed (a failed write only costs a later model call)."""
         if not entries:
             return BulkResult()
@@ -76,7 +94,9 @@ class ProposalCache:
         at = now_iso()
         return self.engine.bulk_index(self.index, [
             {"_id": key(e.content_hash, prompt_version, model), "content_hash": e.content_hash,
-             "prompt_version": prompt_version, "model": model, "raw": e.raw, "at": at}
+             "prompt_version": prompt_version, "model": model, "raw": e.raw, "at": at,
+             **({"terms": e.terms, "analysis": analysis} if e.terms is not None and analysis
+                else {})}
             for e in entries])
 
     def stats(self) -> dict:

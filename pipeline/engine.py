@@ -264,6 +264,12 @@ class Engine:
         return self.vendor.request(self.client, method, path, body)
 
     @cached_property
+    def version(self) -> str:
+        """The nodes' versions (``_cat/nodes``: the minimal Elasticsearch has no ``GET /``)."""
+        rows = self.client.cat.nodes(h="version", format="json")
+        return ",".join(sorted({str(r.get("version")) for r in rows}))
+
+    @cached_property
     def capabilities(self) -> Capabilities:
         analysis = "english-nostem"
         for name, stemmer in (("english", {"type": "stemmer", "language": "english"}),

@@ -88,21 +88,28 @@ def proposal_fields(engine: Engine, index: str, proposals: dict[str, list[str]],
                     sources: dict[str, dict], *, model: str, prompt_version: str,
                     stance: str, job: str | None = None,
                     calls: dict[str, int] | None = None, model_ms: int = 0,
-                    layout: Layout = OWN) -> dict[str, dict]:
+                    layout: Layout = OWN, known: dict[str, list[dict]] | None = None
+                    ) -> dict[str, dict]:
     """What ``store_proposals`` writes, per document: ``{"sira": {...}}`` (the documents
-    need not be in the index yet: the copy of a job writes them in the same request)."""
-    bodies = {i: document_body(*layout.title_text(sources[i])) for i in proposals}
-    prepared = terms.prepare(engine, index, proposals, bodies)
+    need not be in the index yet: the copy of a job writes them in the same request).
+    ``known``: terms already prepared under this index's analysis (the proposal cache), not
+    analysed again."""
+    known = known or {}
+    fresh = {i: p for i, p in proposals.items() if i not in known}
+    bodies = {i: document_body(*layout.title_text(sources[i])) for i in fresh}
+    prepared = {i: [t.as_json() for t in doc_terms] for i, doc_terms in
+                (terms.prepare(engine, index, fresh, bodies) if fresh else {}).items()}
     at = now_iso()
     updates = {}
-    for doc_id, doc_terms in prepared.items():
+    for doc_id in proposals:
+        doc_terms = known[doc_id] if doc_id in known else prepared[doc_id]
         source = sources[doc_id]
         sira = sira_of(source)
         updates[doc_id] = {
             "sira": {"proposals": {"model": model, "prompt_version": prompt_version,
                                    "stance": stance, "at": at, "raw": proposals[doc_id],
-                                   "terms": [t.as_json() for t in doc_terms]},
-                     "proposed_terms": [t.norm for t in doc_terms],
+                                   "terms": doc_terms},
+                     "proposed_terms": [t["norm"] for t in doc_terms],
                      "status": PROPOSED, "reason": None, "model": model,
                      "prompt_version": prompt_version,
                      "proposed_hash": layout.content_hash(source), "proposed_at": at,
@@ -172,17 +179,21 @@ class ProposeSummary:
 
 def restore_cached(engine: Engine, index: str, cache: ProposalCache | None,
                    todo: list[str], sources: dict[str, dict], *, prompt: Prompt, model: str,
-                   layout: Layout, job: str | None = None) -> tuple[list[str], BulkResult]:
-    """Store the cached proposals of ``todo``'s texts; returns the ids still to send."""
+                   layout: Layout, job: str | None = None, analysis: str | None = None
+                   ) -> tuple[list[str], BulkResult]:
+    """Store the cached proposals of ``todo``'s texts; returns the ids still to send.
+    ``analysis``: the index's ``terms.analysis_key``, if known already."""
     if cache is None or not todo:
         return todo, BulkResult()
+    analysis = analysis or terms.analysis_key(engine, index)
     found = cache.lookup({i: layout.content_hash(sources[i]) for i in todo}, prompt.version,
-                         model)
+                         model, analysis)
     if not found:
         return todo, BulkResult()
-    written = store_proposals(engine, index, found, sources, model=model,
-                              prompt_version=prompt.version, stance=prompt.stance, job=job,
-                              layout=layout)
+    written = engine.bulk_update(index, list(proposal_fields(
+        engine, index, {i: e.raw for i, e in found.items()}, sources, model=model,
+        prompt_version=prompt.version, stance=prompt.stance, job=job, layout=layout,
+        known={i: e.terms for i, e in found.items() if e.terms is not None}).items()))
     stored = set(found) - {f.id for f in written.failures}
     return [i for i in todo if i not in stored], written
 
@@ -198,13 +209,15 @@ def cached_fields(engine: Engine, settings: Settings, sources: dict[str, dict], 
             if needs_proposals(src, prompt.version, layout)}
     if cache is None or not todo:
         return {}
+    index = settings.index.name
     found = cache.lookup({i: layout.content_hash(src) for i, src in todo.items()},
-                         prompt.version, settings.llm.model)
+                         prompt.version, settings.llm.model, terms.analysis_key(engine, index))
     if not found:
         return {}
-    return proposal_fields(engine, settings.index.name, found, todo, model=settings.llm.model,
-                           prompt_version=prompt.version, stance=prompt.stance, job=job,
-                           layout=layout)
+    return proposal_fields(engine, index, {i: e.raw for i, e in found.items()}, todo,
+                           model=settings.llm.model, prompt_version=prompt.version,
+                           stance=prompt.stance, job=job, layout=layout,
+                           known={i: e.terms for i, e in found.items() if e.terms is not None})
 
 
 def restore_from_cache(engine: Engine, settings: Settings, ids: list[str], *,
@@ -219,11 +232,13 @@ def restore_from_cache(engine: Engine, settings: Settings, ids: list[str], *,
         return restored, result
     layout = Layout.of(engine.get_meta(index))
     prompt = prompt_for(settings)
+    analysis = terms.analysis_key(engine, index)
     for batch in _batched(ids, settings.enrich.batch_docs * 8):
         sources = engine.mget(index, batch, source=layout.read())
         todo = [i for i in batch if i in sources]
         left, written = restore_cached(engine, index, cache, todo, sources, prompt=prompt,
-                                       model=settings.llm.model, layout=layout, job=job)
+                                       model=settings.llm.model, layout=layout, job=job,
+                                       analysis=analysis)
         restored |= set(todo) - set(left)
         result.merge(written)
     return restored, result
@@ -255,6 +270,7 @@ def propose(engine: Engine, settings: Settings, client: ModelClient | None, *,
     prompt = prompt_for(settings)
     model = client.model if client else settings.llm.model
     cache = ProposalCache.of(engine, settings.enrich.cache_index)
+    analysis = terms.analysis_key(engine, index) if cache else None
     summary = ProposeSummary()
     if ids is None:
         hits = ((h["_id"], h["_source"]) for h in engine.scan(index, source=layout.read()))
@@ -268,7 +284,8 @@ def propose(engine: Engine, settings: Settings, client: ModelClient | None, *,
                 if needs_proposals(source, prompt.version, layout)]
         summary.unchanged += len(batch) - len(todo)
         todo, restored = restore_cached(engine, index, cache, todo, sources, prompt=prompt,
-                                        model=model, layout=layout, job=job)
+                                        model=model, layout=layout, job=job,
+                                        analysis=analysis)
         summary.cached += restored.ok
         summary.proposed += restored.ok
         summary.rejected += restored.failures
@@ -299,14 +316,17 @@ def propose(engine: Engine, settings: Settings, client: ModelClient | None, *,
         good = {a.key: a.keywords for a in answers if a.ok}
         bad = {a.key: a.reason or "unknown failure" for a in answers if not a.ok}
         calls = {a.key: a.calls - n for a, n in zip(answers, sent.first, strict=True)}
-        written = store_proposals(engine, index, good, sent.sources, model=client.model,
-                                  prompt_version=prompt.version, stance=prompt.stance,
-                                  job=job, calls=calls, model_ms=model_ms, layout=layout)
+        fields = proposal_fields(engine, index, good, sent.sources, model=client.model,
+                                 prompt_version=prompt.version, stance=prompt.stance,
+                                 job=job, calls=calls, model_ms=model_ms, layout=layout)
+        written = engine.bulk_update(index, list(fields.items()))
         # a document whose proposals the engine refused is a failed document, not a lost one
         bad |= {f.id: f"engine rejected the proposals: {f.reason}" for f in written.failures}
         if cache:
-            cache.store([Entry(layout.content_hash(sent.sources[i]), good[i])
-                         for i in good if i not in bad], prompt.version, model)
+            cache.store([Entry(layout.content_hash(sent.sources[i]), good[i],
+                               fields[i]["sira"]["proposals"]["terms"])
+                         for i in good if i not in bad], prompt.version, model,
+                        analysis)
         failed = record_failures(engine, index, bad, sent.sources, job=job, calls=calls,
                                  model_ms=model_ms)
         summary.proposed += written.ok

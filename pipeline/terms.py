@@ -5,6 +5,8 @@ its document) or bridge (shares none)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass
 
@@ -42,6 +44,18 @@ def ngrams(tokens: list[str], max_n: int) -> list[str]:
 def normalize(engine: Engine, index: str, phrases: list[str]) -> list[str]:
     """The analysed form of each phrase ('' when nothing survives analysis)."""
     return [" ".join(tokens) for tokens in engine.analyze(index, phrases, field=ANALYZED_AS)]
+
+
+def analysis_key(engine: Engine, index: str) -> str:
+    """What ``prepare`` depends on besides the proposals and their document: the engine and
+    its version, the analyzer of the enrichment field and the index's analysis settings.
+    Terms prepared under the same key are what ``prepare`` would compute again."""
+    field: dict = {"properties": engine.get_mapping(index)["properties"]}
+    for part in ANALYZED_AS.split("."):  # sira.echo: properties.sira.properties.echo
+        field = field["properties"][part]
+    analysis = engine.index_settings(index).get("index", {}).get("analysis", {})
+    basis = [engine.kind, engine.version, field.get("analyzer", "standard"), analysis]
+    return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def prepare(engine: Engine, index: str, proposals: dict[str, list[str]],

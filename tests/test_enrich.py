@@ -274,3 +274,64 @@ def test_batch_output_and_plain_jsonl_store_the_same(engine: Engine, index_setti
     finally:
         for n in names:
             engine.delete_index(n)
+
+
+def test_the_cache_keeps_terms_for_the_analysis_that_made_them(
+        engine: Engine, fresh_index: IndexSettings, model: FakeModelServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Proposals restored from the cache into an index analysed the same way are stored as
+    they were prepared, with no ``_analyze``; into an index analysed otherwise they are
+    normalised and classified again against it."""
+    from pipeline import attach
+    from pipeline.cache import ProposalCache
+
+    cache = f"test-cache-{fresh_index.name}"
+    settings = settings_for(fresh_index, model, policy="none", cache_index=cache)
+    docs = [d for d in DOCS if d[0] in ("heap", "snap")]
+    same = fresh_index.model_copy(update={"name": f"{fresh_index.name}-same"})
+    other = f"{fresh_index.name}-standard"
+    try:
+        load(engine, fresh_index.name, docs)
+        assert enrich.propose(engine, settings, client_for(settings)).proposed == 2
+        engine.refresh(cache)
+        made = {d: engine.get(fresh_index.name, d)["sira"]["proposals"]["terms"]
+                for d, _, _ in docs}
+        key = terms.analysis_key(engine, fresh_index.name)
+        entries = ProposalCache(engine, cache).lookup(
+            {d: OWN.content_hash(engine.get(fresh_index.name, d)) for d in made},
+            enrich.prompt_for(settings).version, "test-model", key)
+        assert {d: e.terms for d, e in entries.items()} == made
+
+        analysed = []
+        real_analyze = engine.analyze
+        monkeypatch.setattr(engine, "analyze", lambda *a, **k: analysed.append(a) or
+                            real_analyze(*a, **k))
+        # the same text in a new index of the same layout: no model, no _analyze
+        same_settings = settings.model_copy(update={"index": same,
+                                                   "llm": LLMSettings(model="test-model")})
+        engine.create_index(same)
+        load(engine, same.name, docs)
+        restored = enrich.propose(engine, same_settings, None)
+        assert (restored.cached, restored.model_calls, analysed) == (2, 0, [])
+        assert {d: engine.get(same.name, d)["sira"]["proposals"]["terms"] for d in made} == made
+
+        # the same text in an index whose text is analysed by `standard` (no stemming)
+        engine.create(other, {"mappings": {"properties": {
+            "title": {"type": "text", "analyzer": "standard"},
+            "text": {"type": "text", "analyzer": "standard"}}}})
+        engine.bulk_index(other, [{"_id": d, "title": t, "text": x} for d, t, x in docs])
+        engine.refresh(other)
+        attach.attach(engine, other, ["title", "text"],
+                      prompt_version=enrich.prompt_for(settings).version,
+                      policy={"kind": "none"}, template=False)
+        assert terms.analysis_key(engine, other) != key
+        other_settings = same_settings.model_copy(update={
+            "index": IndexSettings(name=other)})
+        assert enrich.propose(engine, other_settings, None).cached == 2
+        assert analysed, "restored into another analysis without analysing again"
+        norms = {t["norm"] for t in engine.get(other, "heap")["sira"]["proposals"]["terms"]}
+        assert "garbage collector" in norms  # standard: not stemmed
+        assert "garbag collector" in {t["norm"] for t in made["heap"]}  # english: stemmed
+    finally:
+        for name in (cache, same.name, other):
+            engine.delete_index(name)
