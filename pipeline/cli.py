@@ -85,7 +85,6 @@ app.add_typer(cache_app, name="cache")
 
 out = Console(soft_wrap=True, markup=False)  # printed text comes from data: no markup
 err = Console(stderr=True, soft_wrap=True, markup=False)
-SAMPLE = Path(__file__).parent / "sample"
 LOCAL = "local"
 
 
@@ -990,7 +989,10 @@ def demo(
         source = f"the live model ({settings.llm.model})"
     else:
         _index(settings, engine, first_run.SAMPLE, recreate=True)
-        model, stored = first_run.replay_recorded(engine, settings)
+        try:
+            model, stored = first_run.replay_recorded(engine, settings)
+        except first_run.ReplayFailed as exc:
+            raise _fail(str(exc), 1) from exc
         sketches = first_run.recorded_sketches()
         source = f"recorded model output ({model})"
         out.print(f"No model server configured (SIRA_LLM__URL): replaying model output "

@@ -22,12 +22,16 @@ CONFIGS = ("BM25", "+ doc terms", "+ sketch")
 MEASURES = ("nDCG@10", "R@10")
 
 
+class ReplayFailed(RuntimeError):
+    """The recorded output could not all be stored (the message names what)."""
+
+
 def replay_recorded(engine: Engine, settings: Settings) -> tuple[str, int]:
     """Store the sample's recorded proposals and apply the filter; (model, documents)."""
     path = RECORDED / "proposals.jsonl"
     summary = batchfiles.import_proposals(engine, settings, path)
     if summary.report.skipped or summary.refused or summary.rejected:
-        raise RuntimeError(f"{path}: {summary.line()}")
+        raise ReplayFailed(f"{path}: {summary.line()}")
     enrich.apply(engine, settings)
     model = json.loads(path.read_text("utf-8").splitlines()[0])["model"]
     return model, summary.stored
@@ -46,7 +50,7 @@ class Compared:
     judged: set[str]
     rankings: dict[str, list[Hit]] = field(default_factory=dict)  # config -> hits
     sketch: list[str] | None = None
-    note: str | None = None  # why the sketch column is the doc-terms one (no sketch)
+    note: str | None = None  # what became of the sketch, where not all of it was used
 
     def first_judged(self, config: str) -> int | None:
         return next((rank for rank, hit in enumerate(self.rankings[config], start=1)

@@ -177,6 +177,21 @@ class ProposeSummary:
                 f"{self.model_calls} model calls{cached}")
 
 
+def _from_cache(engine: Engine, index: str, cache: ProposalCache, sources: dict[str, dict],
+                *, prompt: Prompt, model: str, layout: Layout, job: str | None,
+                analysis: str | None) -> dict[str, dict]:
+    """The ``sira`` fields of the proposals the cache holds for ``sources``' texts (by id);
+    terms prepared under this index's analysis are taken as they are."""
+    found = cache.lookup({i: layout.content_hash(src) for i, src in sources.items()},
+                         prompt.version, model, analysis or terms.analysis_key(engine, index))
+    if not found:
+        return {}
+    return proposal_fields(engine, index, {i: e.raw for i, e in found.items()}, sources,
+                           model=model, prompt_version=prompt.version, stance=prompt.stance,
+                           job=job, layout=layout,
+                           known={i: e.terms for i, e in found.items() if e.terms is not None})
+
+
 def restore_cached(engine: Engine, index: str, cache: ProposalCache | None,
                    todo: list[str], sources: dict[str, dict], *, prompt: Prompt, model: str,
                    layout: Layout, job: str | None = None, analysis: str | None = None
@@ -185,16 +200,12 @@ def restore_cached(engine: Engine, index: str, cache: ProposalCache | None,
     ``analysis``: the index's ``terms.analysis_key``, if known already."""
     if cache is None or not todo:
         return todo, BulkResult()
-    analysis = analysis or terms.analysis_key(engine, index)
-    found = cache.lookup({i: layout.content_hash(sources[i]) for i in todo}, prompt.version,
-                         model, analysis)
-    if not found:
+    fields = _from_cache(engine, index, cache, {i: sources[i] for i in todo}, prompt=prompt,
+                         model=model, layout=layout, job=job, analysis=analysis)
+    if not fields:
         return todo, BulkResult()
-    written = engine.bulk_update(index, list(proposal_fields(
-        engine, index, {i: e.raw for i, e in found.items()}, sources, model=model,
-        prompt_version=prompt.version, stance=prompt.stance, job=job, layout=layout,
-        known={i: e.terms for i, e in found.items() if e.terms is not None}).items()))
-    stored = set(found) - {f.id for f in written.failures}
+    written = engine.bulk_update(index, list(fields.items()))
+    stored = set(fields) - {f.id for f in written.failures}
     return [i for i in todo if i not in stored], written
 
 
@@ -209,15 +220,8 @@ def cached_fields(engine: Engine, settings: Settings, sources: dict[str, dict], 
             if needs_proposals(src, prompt.version, layout)}
     if cache is None or not todo:
         return {}
-    index = settings.index.name
-    found = cache.lookup({i: layout.content_hash(src) for i, src in todo.items()},
-                         prompt.version, settings.llm.model, terms.analysis_key(engine, index))
-    if not found:
-        return {}
-    return proposal_fields(engine, index, {i: e.raw for i, e in found.items()}, todo,
-                           model=settings.llm.model, prompt_version=prompt.version,
-                           stance=prompt.stance, job=job, layout=layout,
-                           known={i: e.terms for i, e in found.items() if e.terms is not None})
+    return _from_cache(engine, settings.index.name, cache, todo, prompt=prompt,
+                       model=settings.llm.model, layout=layout, job=job, analysis=None)
 
 
 def restore_from_cache(engine: Engine, settings: Settings, ids: list[str], *,

@@ -48,8 +48,7 @@ def manifest_concurrency() -> int:
     worker = next(d for d in yaml.safe_load_all((ROOT / "k8s/base/worker.yaml").read_text())
                   if d and d.get("kind") == "Deployment")
     args = worker["spec"]["template"]["spec"]["containers"][0]["args"]
-    processes = int(next(re.sub(r"--concurrency=", "", a) for a in args
-                         if a.startswith("--concurrency=")))
+    processes = int(next(a.split("=", 1)[1] for a in args if a.startswith("--concurrency=")))
     return int(worker["spec"]["replicas"]) * processes * int(config["SIRA_LLM__CONCURRENCY"])
 
 

@@ -62,7 +62,7 @@ def markdown(report: Report) -> str:
 PLOTTED = ("nDCG@10", "R@10")
 
 
-def _pyplot():  # noqa: ANN202 - matplotlib's module
+def _pyplot():  # matplotlib.pyplot, with the file-only backend
     import matplotlib
 
     matplotlib.use("Agg")
