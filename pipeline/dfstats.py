@@ -11,10 +11,13 @@ What a DF counts (``basis``):
 - ``both``: documents with either — a term common in the text *or* proposed everywhere is
   common.
 
-Validating a query-side sketch needs less: whether a phrase's DF is 0, at most the cap, or
-over it. ``bounded_frequencies`` counts each phrase with a search that stops on each shard after
-cap + 1 matches, so its cost does not grow with the collection (a ``filters`` aggregation
-visits every match of every candidate).
+A decision needs less than every DF: whether a term's DF is 0, at most the cap, or over it.
+``bounded_frequencies`` counts each term with a search that stops on each shard after cap + 1
+matches, so its cost does not grow with the collection (a ``filters`` aggregation visits every
+match of every candidate): sketch validation and ``apply`` under a cap known beforehand (ratio,
+absolute) use it; the rank policy (the K-th largest DF) uses ``top_frequencies``, which counts
+higher only the few terms that reach a bound. Exact DFs of every term (``sira stats``, the
+bench's grid over policies) still come from the aggregations.
 
 The filter policies built on them are in ``pipeline.policies``.
 """
@@ -65,22 +68,46 @@ def document_frequencies(
 
 
 def bounded_frequencies(engine: Engine, index: str, terms: dict[str, str], bound: int,
-                        fields: list[str], batch: int = 200) -> dict[str, int]:
-    """min(DF, ``bound``) of each term ``{norm: surface text}`` (a phrase query on ``fields``),
-    count-only searches in one ``_msearch`` per ``batch``, each shard stopping after ``bound``
-    matches (``terminate_after``). Exact on any number of shards: a shard that stopped alone
-    brings the sum to ``bound``; where none stopped, every shard's count is whole."""
+                        fields: list[str], basis: DfBasis = "text", batch: int = 200
+                        ) -> dict[str, int]:
+    """min(DF, ``bound``) of each term ``{norm: surface text}`` under ``basis`` (a phrase on
+    ``fields`` for its text part), count-only searches in one ``_msearch`` per ``batch``, each
+    shard stopping after ``bound`` matches (``terminate_after``). Exact on any number of
+    shards: a shard that stopped alone brings the sum to ``bound``; where none stopped, every
+    shard's count is whole."""
     items = list(terms.items())
     out: dict[str, int] = {}
     for start in range(0, len(items), batch):
         chunk = items[start:start + batch]
         responses = engine.msearch(index, [
             {"size": 0, "track_total_hits": True, "terminate_after": bound,
-             "query": {"multi_match": {"query": text, "type": "phrase", "fields": fields}}}
-            for _, text in chunk])
+             "query": _clause(text, norm, basis, fields)} for norm, text in chunk])
         for (norm, _), response in zip(chunk, responses, strict=True):
             out[norm] = min(int(response["hits"]["total"]["value"]), bound)
     return out
+
+
+FIRST_BOUND = 64  # where top_frequencies starts counting
+BOUND_STEP = 8  # and how much higher it counts the terms that reached the bound, each round
+
+
+def top_frequencies(engine: Engine, index: str, terms: dict[str, str], k: int,
+                    basis: DfBasis, fields: list[str], batch: int = BATCH,
+                    first: int = FIRST_BOUND, step: int = BOUND_STEP) -> dict[str, int]:
+    """Counts of each term from which the ``k``-th largest DF is exact (what the rank policy
+    needs), with a cost per term that does not grow with the collection: every term counted
+    up to FIRST_BOUND; while at least k terms (all of them, if fewer) reach the bound, those
+    counted again with a bound BOUND_STEP times higher. A term below the last bound has its
+    exact DF; one that reached it (fewer than k do) has min(DF, bound), above all others."""
+    bound = FIRST_BOUND
+    counts = bounded_frequencies(engine, index, terms, bound, fields, basis, batch)
+    reached = [norm for norm, df in counts.items() if df >= bound]
+    while reached and len(reached) >= min(k, len(counts)):
+        bound *= step
+        counts |= bounded_frequencies(engine, index, {n: terms[n] for n in reached}, bound,
+                                      fields, basis, batch)
+        reached = [norm for norm in reached if counts[norm] >= bound]
+    return counts
 
 
 def proposal_frequencies(engine: Engine, index: str, page: int = 1000) -> Counter[str]:

@@ -369,6 +369,7 @@ class TermTable:
     n_docs: int
     df: dict[str, int]  # norm -> DF under ``basis``
     basis: DfBasis
+    bounded: bool = False  # counted only as far as one policy's decisions need
 
 
 HAS_PROPOSALS = {"exists": {"field": PROPOSED_HASH}}
@@ -386,19 +387,34 @@ def stored_terms(source: dict) -> list[dict]:
     return sira_of(source).get("proposals", {}).get("terms", [])
 
 
-def term_table(engine: Engine, index: str, basis: DfBasis) -> TermTable:
+def term_table(engine: Engine, index: str, basis: DfBasis,
+               policy: policies.Policy | None = None) -> TermTable:
+    """Every distinct proposed term with its DF: exact for every term (``sira stats``, the
+    bench's grid over policies), or, given the ``policy`` it is for, counted only as far as
+    that policy's decisions need (``bounded``: a cost per term that does not grow with the
+    collection; the cap it gives is exact)."""
     engine.refresh(index)
     surfaces: dict[str, str] = {}
     for _, source in proposed_documents(engine, index, ["sira.proposals.terms"]):
         for t in stored_terms(source):
             surfaces.setdefault(t["norm"], t["text"])
+    n_docs = engine.count(index)
+    fields = Layout.of(engine.get_meta(index)).phrase_fields(enriched=False)
     if basis == "proposals":
         counts = dfstats.proposal_frequencies(engine, index)
-        df = {norm: counts.get(norm, 0) for norm in surfaces}
+        return TermTable(n_docs, {norm: counts.get(norm, 0) for norm in surfaces}, basis)
+    if policy is None:
+        return TermTable(n_docs, dfstats.document_frequencies(
+            engine, index, surfaces, basis, fields=fields), basis)
+    if not policy.needs_statistics():  # the cap follows from the collection's size alone
+        cap = policy.cap(n_docs, [])
+        df = {} if cap is None else dfstats.bounded_frequencies(
+            engine, index, surfaces, cap + 1, fields, basis, batch=dfstats.BATCH)
+    elif isinstance(policy, policies.Rank):
+        df = dfstats.top_frequencies(engine, index, surfaces, policy.rank_k, basis, fields)
     else:
-        fields = Layout.of(engine.get_meta(index)).phrase_fields(enriched=False)
-        df = dfstats.document_frequencies(engine, index, surfaces, basis, fields=fields)
-    return TermTable(engine.count(index), df, basis)
+        raise ValueError(f"no bounded statistics for the {policy.kind} policy")
+    return TermTable(n_docs, df, basis, bounded=True)
 
 
 @dataclass
@@ -443,7 +459,7 @@ def apply(engine: Engine, settings: Settings, policy: policies.Policy | None = N
     if policy is None:  # the one in the index's profile (pipeline.profile)
         policy = Profile.for_index(engine.get_meta(index), settings).filter_policy()
     basis = basis or settings.enrich.df_basis
-    table = table or term_table(engine, index, basis)
+    table = table or term_table(engine, index, basis, policy)
     cap = policy.cap(table.n_docs, table.df.values())
     summary = ApplySummary(policy.describe(), basis, cap, documents=table.n_docs)
     at = now_iso()

@@ -171,6 +171,30 @@ def test_df_is_exact_on_a_multi_shard_index(cluster: Engine, index_settings: Ind
             got = dfstats.bounded_frequencies(cluster, index.name, surfaces, bound,
                                               dfstats.TEXT_FIELDS, batch=7)
             assert got == {norm[t]: min(len(in_text[t]), bound) for t in candidates}, bound
+        # what apply counts for its policy gives the exact cap and the same decisions
+        n = cluster.count(index.name)
+        for basis in ("text", "both"):
+            exact = enrich.term_table(cluster, index.name, basis).df
+            assert not enrich.term_table(cluster, index.name, basis).bounded
+            for policy in [policies.Ratio(0.05), policies.Ratio(0.5), policies.Absolute(5),
+                           policies.Absolute(100), policies.Rank(1), policies.Rank(3),
+                           policies.Rank(10), policies.Rank(1000), policies.Rank(0),
+                           policies.NoCap()]:
+                table = enrich.term_table(cluster, index.name, basis, policy)
+                cap = policy.cap(n, exact.values())
+                assert table.bounded and policy.cap(n, table.df.values()) == cap, policy
+                assert [policies.keeps(table.df.get(t, 0), cap) for t in exact] == \
+                    [policies.keeps(df, cap) for df in exact.values()], policy
+            # every word reaches the first bounds: exactly k of them, and all of them
+            words = {norm[w]: w for w in vocab}
+            for some, k, first, step in [(surfaces, 1, 2, 3), (surfaces, 5, 2, 2),
+                                         (surfaces, 40, 3, 2), (surfaces, 10**4, 2, 3),
+                                         (words, 8, 2, 2), (words, 100, 2, 3)]:
+                top = dfstats.top_frequencies(cluster, index.name, some, k, basis,
+                                              dfstats.TEXT_FIELDS, batch=7, first=first,
+                                              step=step)
+                want = sorted((exact[n] for n in some), reverse=True)[min(k, len(some)) - 1]
+                assert sorted(top.values(), reverse=True)[min(k, len(top)) - 1] == want, k
     finally:
         cluster.delete_index(index.name)
 
