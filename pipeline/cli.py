@@ -949,6 +949,62 @@ def bench_latency_cmd(
               f"{figures['validation_ms']['p95']:.1f} ms. The model call is not included.")
 
 
+@app.command("bench-scale")
+def bench_scale_cmd(
+    ctx: typer.Context,
+    dataset: Annotated[Path, typer.Option(help="A BEIR folder: the real documents, and what "
+                                          "the generated ones follow.")],
+    proposals: Annotated[Path, typer.Option(help="Proposals recorded for it.")],
+    sketches: Annotated[Path, typer.Option(help="Sketches recorded for its queries.")],
+    sizes: Annotated[str, typer.Option(help="Collection sizes, comma-separated; sizes past "
+                                       "the largest measured are extrapolated.")]
+    = "10000,100000,1000000",
+    measure_up_to: Annotated[int | None, typer.Option(
+        help="Measure sizes up to this one only (the others extrapolated).")] = None,
+    shards: Annotated[str, typer.Option(help="Shard counts, comma-separated.")] = "1,3",
+    split: Annotated[str, typer.Option(help="Queries of this split.")] = "test",
+    repeat: Annotated[int, typer.Option(help="Passes over the queries per search kind.")] = 3,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where scale.json, scale.md and "
+                                          "scale.png go.")] = Path("bench-out"),
+) -> None:
+    """What every step costs as the collection grows: indexing, proposals, DF statistics,
+    enrichment, index size, sketch validation and search, per size and shard count."""
+    from pipeline.bench import load_sketches, scale
+    from pipeline.bench.synthetic import Generator, check
+
+    try:
+        asked = [int(x) for x in sizes.split(",") if x.strip()]
+        shard_counts = [int(x) for x in shards.split(",") if x.strip()]
+    except ValueError as exc:
+        raise _fail(f"--sizes and --shards take comma-separated whole numbers ({exc})") from exc
+    for path in (dataset / "corpus.jsonl", proposals, sketches):
+        if not path.is_file():
+            raise _fail(f"{path}: no such file")
+    settings = _settings(ctx)
+    engine = _connect(settings)
+    queries, _ = beir_split(dataset, split)
+    inputs = scale.Inputs(dataset, proposals, queries,
+                          load_sketches(sketches, set(load_queries(dataset / "queries.jsonl"))))
+    generator = Generator.fit(dataset, proposals)
+    closeness = check(generator, dataset, proposals)
+    out.print(f"The generator against {dataset.name} at its size (documents in random order):")
+    out.print(scale.check_table(closeness))
+    measured = [s for s in asked if measure_up_to is None or s <= measure_up_to]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results = scale.run(engine, settings, inputs, generator, measured, shard_counts,
+                        out_dir / "work", repeat=repeat,
+                        say=lambda line: err.print(f"[{time.monotonic() - started:6.0f}s] {line}"))
+    table = scale.markdown(results, asked)
+    out.print(table)
+    (out_dir / "scale.json").write_text(json.dumps(
+        {"dataset": str(dataset), "engine": engine.kind, "version": engine.version,
+         "generator_check": closeness, "results": results}, indent=1))
+    (out_dir / "scale.md").write_text(scale.check_table(closeness) + "\n" + table + "\n")
+    png = scale.plot(results, out_dir / "scale.png")
+    out.print(f"\nwrote {out_dir / 'scale.json'}, {out_dir / 'scale.md'}, {png}")
+
+
 @app.command("demo")
 def demo(
     ctx: typer.Context,

@@ -35,6 +35,7 @@ TEXT_FIELDS = [TEXT_FIELD]
 # found in one of them (copy_to keeps values apart), with a third of the lookups
 ENRICHED_FIELDS = [ENRICHED_FIELD]
 BATCH = 500  # candidates per filters aggregation request
+COUNTS_BATCH = 1000  # counts per _msearch request when apply counts for a policy
 
 
 def _clause(text: str, norm: str, basis: DfBasis, fields: list[str]) -> dict:
@@ -92,7 +93,7 @@ BOUND_STEP = 8  # and how much higher it counts the terms that reached the bound
 
 
 def top_frequencies(engine: Engine, index: str, terms: dict[str, str], k: int,
-                    basis: DfBasis, fields: list[str], batch: int = BATCH,
+                    basis: DfBasis, fields: list[str], batch: int = COUNTS_BATCH,
                     first: int = FIRST_BOUND, step: int = BOUND_STEP) -> dict[str, int]:
     """Counts of each term from which the ``k``-th largest DF is exact (what the rank policy
     needs), with a cost per term that does not grow with the collection: every term counted

@@ -353,6 +353,11 @@ class Engine:
         stats = self.client.indices.stats(index=name, metric="indexing")
         return int(stats["_all"]["primaries"]["indexing"]["index_total"])
 
+    def size(self, name: str) -> int:
+        """Bytes the primaries of ``name`` take on disk."""
+        stats = self.client.indices.stats(index=name, metric="store")
+        return int(stats["_all"]["primaries"]["store"]["size_in_bytes"])
+
     def force_merge(self, name: str, wait_s: float = 120.0) -> dict[str, int]:
         """Merge an index that is done being written into one segment, dropping the deleted
         copies that updates left behind (they count in BM25 statistics and cost search time).

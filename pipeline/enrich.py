@@ -387,12 +387,20 @@ def stored_terms(source: dict) -> list[dict]:
     return sira_of(source).get("proposals", {}).get("terms", [])
 
 
+# Counting only as far as a policy needs costs a search per term, whatever the size of the
+# collection; an aggregation's cost grows with the matches it visits. Measured with sira
+# bench-scale (2026-12-02, README): the aggregations are cheaper up to about this many
+# documents per shard, the bounded counts past it.
+BOUNDED_FROM = 50_000
+
+
 def term_table(engine: Engine, index: str, basis: DfBasis,
-               policy: policies.Policy | None = None) -> TermTable:
+               policy: policies.Policy | None = None, *,
+               bounded_from: int = BOUNDED_FROM) -> TermTable:
     """Every distinct proposed term with its DF: exact for every term (``sira stats``, the
-    bench's grid over policies), or, given the ``policy`` it is for, counted only as far as
-    that policy's decisions need (``bounded``: a cost per term that does not grow with the
-    collection; the cap it gives is exact)."""
+    bench's grid over policies, an index of up to ``bounded_from`` documents per shard), or,
+    given the ``policy`` it is for, counted only as far as that policy's decisions need
+    (``bounded``: a search per term that stops at a bound; the cap it gives is exact)."""
     engine.refresh(index)
     surfaces: dict[str, str] = {}
     for _, source in proposed_documents(engine, index, ["sira.proposals.terms"]):
@@ -403,13 +411,14 @@ def term_table(engine: Engine, index: str, basis: DfBasis,
     if basis == "proposals":
         counts = dfstats.proposal_frequencies(engine, index)
         return TermTable(n_docs, {norm: counts.get(norm, 0) for norm in surfaces}, basis)
-    if policy is None:
+    shards = int(engine.index_settings(index)["index"]["number_of_shards"])
+    if policy is None or n_docs <= bounded_from * shards:
         return TermTable(n_docs, dfstats.document_frequencies(
             engine, index, surfaces, basis, fields=fields), basis)
     if not policy.needs_statistics():  # the cap follows from the collection's size alone
         cap = policy.cap(n_docs, [])
         df = {} if cap is None else dfstats.bounded_frequencies(
-            engine, index, surfaces, cap + 1, fields, basis, batch=dfstats.BATCH)
+            engine, index, surfaces, cap + 1, fields, basis, batch=dfstats.COUNTS_BATCH)
     elif isinstance(policy, policies.Rank):
         df = dfstats.top_frequencies(engine, index, surfaces, policy.rank_k, basis, fields)
     else:

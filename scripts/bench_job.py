@@ -4,6 +4,12 @@ wait for it taken out); with --gpus, against the same server answering like 1, 2
 
     .venv/bin/python scripts/bench_job.py --docs 5000 --workers 1 2
     .venv/bin/python scripts/bench_job.py --docs 3000 --workers 2 --gpus 1 2 4
+    .venv/bin/python scripts/bench_job.py --docs 100000 --workers 2 \
+        --dataset ../shared/data/scifact --proposals ../shared/data/scifact/recorded/proposals.jsonl
+
+With --dataset and --proposals the documents are that collection's, grown to --docs with
+``sira bench-scale``'s generator, and the stand-in answers each with the proposals recorded
+(or generated) for it; without, small made-up notes answered with their title's words.
 
 Needs a local engine (`sira engine start`) and redis-server. Prints docs/s and the ratio.
 """
@@ -24,6 +30,8 @@ from fake_model import FakeModelServer  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
 
 from pipeline import enrich, local  # noqa: E402
+from pipeline.bench import scale  # noqa: E402
+from pipeline.bench.synthetic import Generator  # noqa: E402
 from pipeline.config import IndexSettings, LLMSettings, Settings, WorkerSettings  # noqa: E402
 from pipeline.jobs import index_corpus, reindex  # noqa: E402
 from pipeline.llm import ModelClient  # noqa: E402
@@ -40,6 +48,22 @@ def corpus(path: Path, n: int) -> Path:
             text = " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(60))
             fh.write(json.dumps({"_id": f"d{i}", "title": f"Note {i}", "text": text}) + "\n")
     return path
+
+
+def grown(dataset: Path, proposals: Path, n: int, folder: Path
+           ) -> tuple[Path, dict[str, list[str]]]:
+    """``dataset`` grown to ``n`` documents as bench-scale grows it, and the stand-in's answer
+    for each title: the proposals recorded or generated for that document."""
+    generator = Generator.fit(dataset, proposals)
+    inputs = scale.Inputs(dataset, proposals, {}, {})
+    path, proposed = scale.write_collection(inputs, generator, n, folder)
+    terms = {p["doc_id"]: p["terms"] for p in map(json.loads, proposed.open()) if p.get("terms")}
+    answers = {}  # keyed as the stand-in finds them: the prompt's title line
+    for doc in map(json.loads, path.open()):
+        title = (doc.get("title") or "").strip().split("\n")[0]
+        if title and str(doc["_id"]) in terms:
+            answers[title] = terms[str(doc["_id"])]
+    return path, answers
 
 
 GPU_DOCS_S = 30.0  # documents/s one GPU serves (the published vLLM figure for the default)
@@ -106,16 +130,22 @@ def main() -> None:
                         help="also run the job against the stand-in answering like this many "
                              f"GPUs ({GPU_DOCS_S:.0f} docs/s each at {GPU_IN_FLIGHT} in "
                              "flight), with the first --workers count, against the model alone")
+    parser.add_argument("--dataset", type=Path, help="a BEIR folder to grow to --docs")
+    parser.add_argument("--proposals", type=Path, help="the proposals recorded for it")
     args = parser.parse_args()
     base = Settings()
     engine = local.connect(base)
     tmp = Path(tempfile.mkdtemp(prefix="sira-bench-job-"))
-    path = corpus(tmp / "corpus.jsonl", args.docs)
+    answers: dict[str, list[str]] = {}
+    if args.dataset:
+        path, answers = grown(args.dataset, args.proposals, args.docs, tmp)
+    else:
+        path = corpus(tmp / "corpus.jsonl", args.docs)
     redis = RedisServer()
     redis.start()
     rows, gpu_rows = [], []
     try:
-        with FakeModelServer() as model:
+        with FakeModelServer(answers) as model:
             plain_times = []
             for _ in range(2):  # the first run warms the engine up; the second is measured
                 plain_index = IndexSettings(name=f"bench-plain-{uuid.uuid4().hex[:6]}")

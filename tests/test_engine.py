@@ -92,6 +92,8 @@ def test_partial_update_merges_and_reports_missing(engine: Engine, fresh_index: 
     assert engine.get(fresh_index.name, "missing") is None
     # what the job bench counts as writes: every document indexed, every update applied
     assert engine.writes(fresh_index.name) == len(DOCS) + 1
+    engine.refresh(fresh_index.name)
+    assert engine.size(fresh_index.name) > sum(len(str(d)) for d in DOCS)  # what bench-scale shows
 
 
 def test_force_merge_drops_deleted_copies_on_elasticsearch(elasticsearch: Engine,

@@ -176,11 +176,13 @@ def test_df_is_exact_on_a_multi_shard_index(cluster: Engine, index_settings: Ind
         for basis in ("text", "both"):
             exact = enrich.term_table(cluster, index.name, basis).df
             assert not enrich.term_table(cluster, index.name, basis).bounded
+            # an index this small: the aggregations, for apply too
+            assert not enrich.term_table(cluster, index.name, basis, policies.Rank(3)).bounded
             for policy in [policies.Ratio(0.05), policies.Ratio(0.5), policies.Absolute(5),
                            policies.Absolute(100), policies.Rank(1), policies.Rank(3),
                            policies.Rank(10), policies.Rank(1000), policies.Rank(0),
                            policies.NoCap()]:
-                table = enrich.term_table(cluster, index.name, basis, policy)
+                table = enrich.term_table(cluster, index.name, basis, policy, bounded_from=0)
                 cap = policy.cap(n, exact.values())
                 assert table.bounded and policy.cap(n, table.df.values()) == cap, policy
                 assert [policies.keeps(table.df.get(t, 0), cap) for t in exact] == \

@@ -1,0 +1,318 @@
+"""``sira bench-scale``: what every step costs as the collection grows.
+
+A real BEIR collection with its recorded proposals and sketches, grown to each size with
+documents and proposals from ``pipeline.bench.synthetic`` (fitted on the same collection), one
+index per size and shard count, each step timed from the client as a user's job or
+application sees it:
+
+- indexing (plain bulk, the baseline), storing the proposals (``import-proposals``);
+- the DF statistics ``apply`` gathers for the default filter policy (requests, time, the term
+  table's peak memory in the client), then the enrichment written;
+- the index's size on disk;
+- sketch validation of the collection's test queries (after a warm-up, each sketch once);
+- plain BM25, the literal clause and the two-clause query (client round trips: mean, p95).
+
+Growth exponents are fitted between the two largest sizes measured; sizes asked for past what
+was measured are extrapolated and said to be.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import batchfiles, enrich, query
+from pipeline.bench.synthetic import Generator
+from pipeline.config import Settings
+from pipeline.engine import Engine
+from pipeline.jobs import index_corpus
+from pipeline.profile import DEFAULT_MAX_N, DEFAULT_W, Profile
+
+# (key, label, unit) of the figures per size, in the order they are shown
+FIGURES = [
+    ("index_s", "indexing (plain bulk)", "s"),
+    ("import_s", "proposals stored", "s"),
+    ("df_s", "DF statistics, bounded counts", "s"),
+    ("df_exact_s", "DF statistics, aggregations", "s"),
+    ("apply_s", "enrichment written", "s"),
+    ("validate_ms", "sketch validation, median", "ms"),
+    ("plain_ms", "plain BM25, mean", "ms"),
+    ("literal_ms", "literal clause, mean", "ms"),
+    ("two_ms", "two-clause, mean", "ms"),
+]
+
+
+@contextmanager
+def counted(engine: Engine) -> Iterator[list[int]]:
+    """Counts the search requests (``_msearch`` and aggregations) ``engine`` sends."""
+    calls = [0]
+    originals = {name: getattr(engine, name) for name in ("msearch", "aggregate")}
+
+    def wrap(fn: Callable) -> Callable:
+        def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls[0] += 1
+            return fn(*args, **kwargs)
+        return counting
+
+    for name, fn in originals.items():
+        setattr(engine, name, wrap(fn))
+    try:
+        yield calls
+    finally:
+        for name in originals:
+            delattr(engine, name)
+
+
+@dataclass
+class Inputs:
+    dataset: Path
+    proposals: Path
+    queries: dict[str, str]
+    sketches: dict[str, list[str]]
+
+
+def write_collection(inputs: Inputs, generator: Generator, size: int, folder: Path
+                     ) -> tuple[Path, Path]:
+    """The real collection and its recorded proposals, then generated documents (and their
+    proposals) up to ``size`` documents in all: (corpus.jsonl, proposals.jsonl)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    corpus, proposals = folder / "corpus.jsonl", folder / "proposals.jsonl"
+    with open(corpus, "w", encoding="utf-8") as docs, \
+            open(proposals, "w", encoding="utf-8") as props:
+        real = 0
+        with open(inputs.dataset / "corpus.jsonl", encoding="utf-8") as fh:
+            for line in fh:
+                if real == size:
+                    break
+                docs.write(line if line.endswith("\n") else line + "\n")
+                real += 1
+        with open(inputs.proposals, encoding="utf-8") as fh:
+            for line in fh:
+                props.write(line if line.endswith("\n") else line + "\n")
+        for doc, proposed in generator.documents(size - real, seed=size):
+            docs.write(json.dumps(doc) + "\n")
+            props.write(json.dumps({k: proposed[k] for k in ("doc_id", "terms")}) + "\n")
+    return corpus, proposals
+
+
+def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
+            proposals: Path, repeat: int, tick: Callable[[str], None] | None = None) -> dict:
+    """Every step on one new index (``settings.index``), dropped afterwards."""
+    index = settings.index.name
+    say = tick or (lambda _: None)
+    out: dict = {}
+    try:
+        say("indexing")
+        started = time.perf_counter()
+        indexed = index_corpus(engine, settings, corpus, recreate=True)
+        out["index_s"] = time.perf_counter() - started
+        out["documents"] = indexed.indexed
+        say("storing proposals")
+        started = time.perf_counter()
+        imported = batchfiles.import_proposals(engine, settings, proposals)
+        out["import_s"] = time.perf_counter() - started
+        out["proposals_stored"] = imported.stored
+        policy = Profile.from_settings(settings.enrich).filter_policy()
+        engine.refresh(index)
+        # both ways of gathering the DF statistics; apply uses the one enrich.term_table picks
+        # for this many documents per shard
+        say("DF statistics, bounded counts")
+        tracemalloc.start()
+        with counted(engine) as calls:
+            started = time.perf_counter()
+            table = enrich.term_table(engine, index, settings.enrich.df_basis, policy,
+                                      bounded_from=0)
+            out["df_s"] = time.perf_counter() - started
+        out["df_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        out["df_requests"], out["candidate_terms"] = calls[0], len(table.df)
+        say("DF statistics, aggregations")
+        started = time.perf_counter()
+        exact = enrich.term_table(engine, index, settings.enrich.df_basis)
+        out["df_exact_s"] = time.perf_counter() - started
+        out["same_cap"] = policy.cap(exact.n_docs, exact.df.values()) == \
+            policy.cap(table.n_docs, table.df.values())
+        out["apply_uses"] = "bounded counts" if \
+            out["documents"] > enrich.BOUNDED_FROM * settings.index.shards else "aggregations"
+        say("enrichment")
+        started = time.perf_counter()
+        applied = enrich.apply(engine, settings, policy, table=table)
+        out["apply_s"] = time.perf_counter() - started
+        out["cap"], out["enriched"] = applied.cap, applied.enriched
+        out["index_mb"] = engine.size(index) / 2**20
+        say("validation and search")
+        out |= _searches(engine, index, inputs, applied.cap, repeat)
+    finally:
+        if engine.index_exists(index):
+            engine.delete_index(index)
+    return out
+
+
+def _searches(engine: Engine, index: str, inputs: Inputs, cap: int | None, repeat: int
+              ) -> dict:
+    # warm up on other phrases (the queries' own words), then each sketch once, as a search
+    # validates it: a user's first validation of it
+    for text in list(inputs.queries.values())[:50]:
+        query.validate(engine, index, text.split()[:10], cap, DEFAULT_MAX_N)
+    validate_ms, validated = [], {}
+    for qid in inputs.queries:
+        started = time.perf_counter()
+        validated[qid] = query.validate(engine, index, inputs.sketches.get(qid, []), cap,
+                                        DEFAULT_MAX_N)
+        validate_ms.append((time.perf_counter() - started) * 1000)
+    kinds = {"plain": lambda text, _: query.build_query(text, classes="none"),
+             "literal": lambda text, _: query.build_query(text),
+             "two": lambda text, qid: query.build_query(text, validated[qid].terms, w=DEFAULT_W)}
+    wall: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for _ in range(repeat):
+        for qid, text in inputs.queries.items():
+            for kind, body in kinds.items():
+                started = time.perf_counter()
+                engine.search(index, {**body(text, qid), "_source": False})
+                wall[kind].append((time.perf_counter() - started) * 1000)
+    out = {"validate_ms": float(np.median(validate_ms)),
+           "validate_p95_ms": float(np.percentile(validate_ms, 95))}
+    for kind, values in wall.items():
+        out[f"{kind}_ms"], out[f"{kind}_p95_ms"] = np.mean(values), np.percentile(values, 95)
+    # what a user's application waits for, against plain BM25
+    out["expanded_vs_plain"] = (out["validate_ms"] + out["two_ms"]) / out["plain_ms"]
+    return out
+
+
+def slopes(rows: list[dict]) -> dict[str, float]:
+    """Log-log slope of each figure between the two largest sizes measured."""
+    if len(rows) < 2:
+        return {}
+    a, b = rows[-2], rows[-1]
+    ratio = np.log(b["documents"] / a["documents"])
+    return {key: float(np.log(max(b[key], 1e-9) / max(a[key], 1e-9)) / ratio)
+            for key, _, _ in FIGURES if key in a and key in b}
+
+
+def extrapolate(rows: list[dict], size: int) -> dict:
+    """Each figure at ``size`` from the two largest sizes measured and their slope."""
+    last, grow = rows[-1], slopes(rows)
+    factor = size / last["documents"]
+    return {"documents": size, "extrapolated": True,
+            **{key: last[key] * factor ** slope for key, slope in grow.items()}}
+
+
+def plot(by_shards: dict[int, list[dict]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for shards, rows in by_shards.items():
+        style = "-o" if shards == 1 else "--s"
+        docs = [r["documents"] for r in rows]
+        for key, label, unit in FIGURES:
+            ax = axes[0] if unit == "s" else axes[1]
+            ax.plot(docs, [r[key] for r in rows], style,
+                    label=f"{label} ({shards} shard{'s' if shards > 1 else ''})")
+    for ax, unit in zip(axes, ("s", "ms"), strict=True):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("documents")
+        ax.set_ylabel(unit)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_title("building: time per step")
+    axes[1].set_title("searching: time per request, from the client")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run(engine: Engine, settings: Settings, inputs: Inputs, generator: Generator,
+        sizes: list[int], shards: list[int], work: Path, *, repeat: int = 3,
+        say: Callable[[str], None] | None = None) -> dict[int, list[dict]]:
+    """Every size at every shard count, smallest first: {shards: [figures per size]}."""
+    tell = say or (lambda _: None)
+    out: dict[int, list[dict]] = {}
+    warm_up = True  # a first bulk load on a fresh engine reads slower than the next
+    for size in sorted(sizes):
+        corpus, proposals = write_collection(inputs, generator, size, work / str(size))
+        if warm_up:
+            at = settings.model_copy(update={"index": settings.index.model_copy(
+                update={"name": f"{settings.index.name}-scale-warm-up"})})
+            index_corpus(engine, at, corpus, recreate=True)
+            engine.delete_index(at.index.name)
+            warm_up = False
+        for count in shards:
+            index = settings.index.model_copy(update={
+                "name": f"{settings.index.name}-scale-{size}-{count}", "shards": count})
+            at = settings.model_copy(update={"index": index})
+            row = measure(engine, at, inputs, corpus, proposals, repeat,
+                          lambda step, size=size, count=count:
+                          tell(f"{size:,} documents, {count} shard(s): {step}"))
+            out.setdefault(count, []).append(row)
+        for path in (corpus, proposals):
+            path.unlink()
+    return out
+
+
+def markdown(by_shards: dict[int, list[dict]], asked: list[int]) -> str:
+    """The table per shard count: every figure per size, the growth exponent between the two
+    largest sizes measured, and sizes asked for but not measured, extrapolated."""
+    lines = []
+    for shards, rows in by_shards.items():
+        measured = {r["documents"] for r in rows}
+        beyond = [s for s in sorted(asked) if s > max(measured)]
+        cols = rows + ([extrapolate(rows, s) for s in beyond] if len(rows) > 1 else [])
+        grow = slopes(rows)
+        head = [f"{r['documents']:,}" + (" (extrapolated)" if r.get("extrapolated") else "")
+                for r in cols]
+        lines += [f"\n{shards} shard(s)\n", "| step | " + " | ".join(head) + " | slope |",
+                  "|---" * (len(cols) + 2) + "|"]
+        for key, label, unit in FIGURES:
+            cells = [f"{r[key]:.2f} {unit}" if unit == "ms" else f"{r[key]:.1f} {unit}"
+                     for r in cols]
+            lines.append(f"| {label} | " + " | ".join(cells)
+                         + f" | {grow.get(key, float('nan')):.2f} |")
+        rows_only = [(r, f"{r['documents']:,}") for r in rows]
+        lines.append("\n| measured | " + " | ".join(n for _, n in rows_only) + " |")
+        lines.append("|---" * (len(rows) + 1) + "|")
+        for label, cell in [
+            ("plain bulk indexing, docs/s", lambda r: f"{r['documents'] / r['index_s']:,.0f}"),
+            ("DF statistics apply uses", lambda r: r["apply_uses"]),
+            ("proposals + DF + enrichment ÷ plain bulk",
+             lambda r: f"{(r['import_s'] + _df_used(r) + r['apply_s']) / r['index_s']:.2f}x"),
+            ("DF: candidate terms / bounded-count requests",
+             lambda r: f"{r['candidate_terms']:,} / {r['df_requests']} "
+                       f"({1000 * r['df_requests'] / max(1, r['candidate_terms']):.2f} per 1,000)"),
+            ("DF: ms per 1,000 terms, bounded / aggregations",
+             lambda r: f"{1e6 * r['df_s'] / max(1, r['candidate_terms']):.0f} / "
+                       f"{1e6 * r['df_exact_s'] / max(1, r['candidate_terms']):.0f}"),
+            ("term table peak memory (client)", lambda r: f"{r['df_peak_mb']:.0f} MB"),
+            ("cap (rank policy); same as from exact DFs", lambda r: f"{r['cap']}; "
+             + ("yes" if r["same_cap"] else "NO")),
+            ("index size", lambda r: f"{r['index_mb']:,.0f} MB"),
+            ("validation p95", lambda r: f"{r['validate_p95_ms']:.2f} ms"),
+            ("plain / literal / two-clause p95", lambda r: f"{r['plain_p95_ms']:.2f} / "
+             f"{r['literal_p95_ms']:.2f} / {r['two_p95_ms']:.2f} ms"),
+            ("(validation + two-clause) ÷ plain", lambda r: f"{r['expanded_vs_plain']:.2f}x"),
+        ]:
+            lines.append(f"| {label} | " + " | ".join(cell(r) for r, _ in rows_only) + " |")
+    return "\n".join(lines)
+
+
+def _df_used(row: dict) -> float:
+    return row["df_s"] if row["apply_uses"] == "bounded counts" else row["df_exact_s"]
+
+
+def check_table(closeness: dict[str, tuple[float, float]]) -> str:
+    lines = ["| statistic | real | generated | generated ÷ real |", "|---|---|---|---|"]
+    for name, (real, made) in closeness.items():
+        lines.append(f"| {name} | {real:,.2f} | {made:,.2f} | "
+                     f"{made / real if real else float('nan'):.2f} |")
+    return "\n".join(lines)

@@ -1,0 +1,90 @@
+"""``sira bench-scale``: the generator's laws and fit (pure), and a whole run on the sample
+collection grown by generated documents, through the CLI, on a real engine."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_cli import engine_env
+from typer.testing import CliRunner
+
+from pipeline.bench.synthetic import Generator, Zipf, made_up_word, words_of
+from pipeline.cli import app
+from pipeline.engine import Engine
+
+SAMPLE = Path(__file__).resolve().parent.parent / "pipeline" / "sample"
+RECORDED = SAMPLE / "recorded" / "proposals.jsonl"
+runner = CliRunner()
+
+
+def test_zipf_fit_finds_the_law_that_drew_the_stream() -> None:
+    law = Zipf(a=1.8, q=20.0)
+    stream = law.draw(np.random.default_rng(5), 200_000).tolist()
+    fitted = Zipf.fit(stream)
+    assert fitted.a == pytest.approx(1.8, rel=0.1)
+    # the fitted law expects the vocabulary the stream had, at its length and at a quarter
+    assert fitted.expected_distinct(len(stream)) == pytest.approx(len(set(stream)), rel=0.01)
+    assert fitted.expected_distinct(50_000) == pytest.approx(len(set(stream[:50_000])), rel=0.1)
+    assert len({made_up_word(r) for r in range(1, 20_000)}) == 19_999
+    assert all(re.fullmatch(r"[a-z]+", made_up_word(r)) for r in (1, 55, 10**9))
+
+
+def test_generated_documents_follow_the_recorded_sample() -> None:
+    generator = Generator.fit(SAMPLE, RECORDED)
+    recorded = [json.loads(line) for line in RECORDED.open()]
+    counts = {len(r["terms"]) for r in recorded}
+    made = list(generator.documents(200, seed=3))
+    assert made == list(generator.documents(200, seed=3))  # the same seed, the same documents
+    assert len({d["_id"] for d, _ in made}) == 200
+    vocabulary = set(generator.vocabulary)
+    for doc, proposed in made:
+        assert proposed["doc_id"] == doc["_id"]
+        assert len(proposed["key"]) + len(proposed["new"]) in counts
+        text = " ".join(words_of(doc["text"]))
+        for term in proposed["key"]:  # found in the document, as a key term is
+            assert " ".join(words_of(term)) in text, (term, doc["_id"])
+    words = [w for d, _ in made for w in words_of(d["text"])]
+    assert sum(w in vocabulary for w in words) / len(words) > 0.5  # mostly the sample's words
+    lengths = [len(words_of(d["text"])) for d, _ in made]
+    real = [len(words_of(json.loads(line)["text"])) for line in (SAMPLE / "corpus.jsonl").open()]
+    assert min(real) <= min(lengths) and max(lengths) <= max(real)
+
+
+def test_bench_scale_on_the_sample(opensearch: Engine, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    engine_env(opensearch, monkeypatch)
+    out = tmp_path / "out"
+    name = f"test-scale-{uuid.uuid4().hex[:6]}"
+    args = ["--index", name, "bench-scale",
+            "--dataset", str(SAMPLE), "--proposals", str(RECORDED),
+            "--sketches", str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test",
+            "--sizes", "60,150,10000", "--measure-up-to", "150", "--shards", "1,2",
+            "--repeat", "1", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "scale.json").read_text())
+    for shards in ("1", "2"):
+        rows = report["results"][shards]
+        assert [r["documents"] for r in rows] == [60, 150]
+        assert [r["proposals_stored"] for r in rows] == [60, 150]
+        for row in rows:
+            assert row["same_cap"] and row["enriched"] == row["documents"]
+            assert 0 < row["df_requests"] <= 3 and row["candidate_terms"] > 100
+            assert row["index_mb"] > 0 and row["validate_ms"] > 0 and row["two_ms"] > 0
+    assert "| 10,000 (extrapolated) |" in result.output
+    assert "| distinct proposed terms |" in result.output
+    assert (out / "scale.png").read_bytes()[:4] == b"\x89PNG"
+    assert not opensearch.client.indices.get(index=f"{name}-scale-*")  # dropped
+
+
+def test_bench_scale_bad_sizes_is_one_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["bench-scale", "--dataset", str(SAMPLE), "--proposals",
+                                 str(RECORDED), "--sketches", str(RECORDED), "--sizes", "10k"])
+    assert result.exit_code == 2
+    assert "--sizes and --shards take comma-separated whole numbers" in result.output
+    assert "Traceback" not in result.output
