@@ -132,11 +132,12 @@ def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
             out["df_s"] = time.perf_counter() - started
         out["df_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
         tracemalloc.stop()
-        out["df_requests"], out["candidate_terms"] = calls[0], len(table.df)
+        out["df_requests"] = calls[0]
         say("DF statistics, aggregations")
         started = time.perf_counter()
         exact = enrich.term_table(engine, index, settings.enrich.df_basis)
         out["df_exact_s"] = time.perf_counter() - started
+        out["candidate_terms"] = len(exact.df)
         out["same_cap"] = policy.cap(exact.n_docs, exact.df.values()) == \
             policy.cap(table.n_docs, table.df.values())
         out["apply_uses"] = "bounded counts" if \
@@ -211,12 +212,13 @@ def plot(by_shards: dict[int, list[dict]], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    for shards, rows in by_shards.items():
-        style = "-o" if shards == 1 else "--s"
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for n, (shards, rows) in enumerate(by_shards.items()):
+        style = ["-o", "--s", ":^"][n % 3]  # one colour per step, one line style per shards
         docs = [r["documents"] for r in rows]
-        for key, label, unit in FIGURES:
+        for i, (key, label, unit) in enumerate(FIGURES):
             ax = axes[0] if unit == "s" else axes[1]
-            ax.plot(docs, [r[key] for r in rows], style,
+            ax.plot(docs, [r[key] for r in rows], style, color=colours[i % len(colours)],
                     label=f"{label} ({shards} shard{'s' if shards > 1 else ''})")
     for ax, unit in zip(axes, ("s", "ms"), strict=True):
         ax.set_xscale("log")
