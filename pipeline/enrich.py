@@ -394,6 +394,12 @@ def stored_terms(source: dict) -> list[dict]:
 BOUNDED_FROM = 50_000
 
 
+def counts_bounded(n_docs: int, shards: int, bounded_from: int = BOUNDED_FROM) -> bool:
+    """Whether ``apply`` gathers an index's DF statistics with bounded counts (else with the
+    aggregations)."""
+    return n_docs > bounded_from * shards
+
+
 def term_table(engine: Engine, index: str, basis: DfBasis,
                policy: policies.Policy | None = None, *,
                bounded_from: int = BOUNDED_FROM) -> TermTable:
@@ -412,7 +418,7 @@ def term_table(engine: Engine, index: str, basis: DfBasis,
         counts = dfstats.proposal_frequencies(engine, index)
         return TermTable(n_docs, {norm: counts.get(norm, 0) for norm in surfaces}, basis)
     shards = int(engine.index_settings(index)["index"]["number_of_shards"])
-    if policy is None or n_docs <= bounded_from * shards:
+    if policy is None or not counts_bounded(n_docs, shards, bounded_from):
         return TermTable(n_docs, dfstats.document_frequencies(
             engine, index, surfaces, basis, fields=fields), basis)
     if not policy.needs_statistics():  # the cap follows from the collection's size alone

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import engine_env
-from typer.testing import CliRunner
+from test_cli import engine_env, runner
 
 from pipeline.bench.synthetic import Generator, Zipf, made_up_word, words_of
 from pipeline.cli import app
@@ -19,7 +18,6 @@ from pipeline.engine import Engine
 
 SAMPLE = Path(__file__).resolve().parent.parent / "pipeline" / "sample"
 RECORDED = SAMPLE / "recorded" / "proposals.jsonl"
-runner = CliRunner()
 
 
 def test_zipf_fit_finds_the_law_that_drew_the_stream() -> None:

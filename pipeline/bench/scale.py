@@ -140,8 +140,8 @@ def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
         out["candidate_terms"] = len(exact.df)
         out["same_cap"] = policy.cap(exact.n_docs, exact.df.values()) == \
             policy.cap(table.n_docs, table.df.values())
-        out["apply_uses"] = "bounded counts" if \
-            out["documents"] > enrich.BOUNDED_FROM * settings.index.shards else "aggregations"
+        out["apply_uses"] = "bounded counts" if enrich.counts_bounded(
+            out["documents"], settings.index.shards) else "aggregations"
         say("enrichment")
         started = time.perf_counter()
         applied = enrich.apply(engine, settings, policy, table=table)

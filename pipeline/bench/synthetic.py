@@ -15,8 +15,7 @@ fitted on a real BEIR collection and the proposals recorded for it.
 
 What it does not model: topics beyond the key terms (words are drawn independently, so a
 two-word phrase of common words is rarer than in real text); made-up new terms never occur in
-any text. ``check``
-says how close the statistics come at the real collection's size.
+any text. ``check`` says how close the statistics come at the real collection's size.
 """
 
 from __future__ import annotations
@@ -192,7 +191,7 @@ def _term_stream(recorded: list[dict], kind: str) -> tuple[list[int], list[str]]
 
 
 def vocabulary_growth(texts: Iterator[str], points: list[int]) -> dict[int, int]:
-    """Distinct words (and tokens read) after each of ``points`` documents."""
+    """Distinct words after each of ``points`` documents."""
     seen: set[str] = set()
     out = {}
     for i, text in enumerate(texts, 1):
@@ -214,7 +213,7 @@ def describe(docs: list[dict], proposals: list[dict]) -> dict[str, float]:
         w = words_of(d["text"])
         bigrams.update(zip(w, w[1:], strict=False))
     terms_per_doc = [len(p.get("terms") or []) for p in proposals]
-    distinct_half = len({t.lower() for p in proposals[:len(proposals) // 4]
+    distinct_quarter = len({t.lower() for p in proposals[:len(proposals) // 4]
                          for t in p.get("terms") or []})
     distinct = len({t.lower() for p in proposals for t in p.get("terms") or []})
     key = sum(len(p.get("key") or []) for p in proposals)
@@ -223,7 +222,7 @@ def describe(docs: list[dict], proposals: list[dict]) -> dict[str, float]:
             "distinct words at 1/4": growth[n // 4], "distinct words": growth[n],
             "distinct two-word phrases": len(bigrams),
             "proposals per document": float(np.mean(terms_per_doc)),
-            "distinct proposed terms at 1/4": distinct_half,
+            "distinct proposed terms at 1/4": distinct_quarter,
             "distinct proposed terms": distinct,
             "key share": key / max(1, sum(terms_per_doc))}
 
