@@ -964,6 +964,9 @@ def bench_scale_cmd(
     shards: Annotated[str, typer.Option(help="Shard counts, comma-separated.")] = "1,3",
     split: Annotated[str, typer.Option(help="Queries of this split.")] = "test",
     repeat: Annotated[int, typer.Option(help="Passes over the queries per search kind.")] = 3,
+    force_merge: Annotated[bool, typer.Option(
+        "--force-merge", help="Merge each index into one segment before its searches are "
+        "timed (else they run once its background merges are over).")] = False,
     out_dir: Annotated[Path, typer.Option("--out", help="Where scale.json, scale.md and "
                                           "scale.png go.")] = Path("bench-out"),
 ) -> None:
@@ -993,7 +996,7 @@ def bench_scale_cmd(
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results = scale.run(engine, settings, inputs, generator, measured, shard_counts,
-                        out_dir / "work", repeat=repeat,
+                        out_dir / "work", repeat=repeat, force_merge=force_merge,
                         say=lambda line: err.print(f"[{time.monotonic() - started:6.0f}s] {line}"))
     table = scale.markdown(results, asked)
     out.print(table)

@@ -13,11 +13,12 @@ What a DF counts (``basis``):
 
 A decision needs less than every DF: whether a term's DF is 0, at most the cap, or over it.
 ``bounded_frequencies`` counts each term with a search that stops on each shard after cap + 1
-matches, so its cost does not grow with the collection (a ``filters`` aggregation visits every
-match of every candidate): sketch validation and ``apply`` under a cap known beforehand (ratio,
-absolute) use it; the rank policy (the K-th largest DF) uses ``top_frequencies``, which counts
-higher only the few terms that reach a bound. Exact DFs of every term (``sira stats``, the
-bench's grid over policies) still come from the aggregations.
+matches, or whole where the engine counts it from its term dictionary (one word, a proposed
+term), so its cost does not grow with the collection as a ``filters`` aggregation's does (it
+visits every match of every candidate): sketch validation and ``apply`` under a cap known
+beforehand (ratio, absolute) use it; the rank policy (the K-th largest DF) uses
+``top_frequencies``, which counts higher only the few terms that reach a bound. Exact DFs of
+every term (``sira stats``, the bench's grid over policies) still come from the aggregations.
 
 The filter policies built on them are in ``pipeline.policies``.
 """
@@ -68,24 +69,43 @@ def document_frequencies(
     return out
 
 
+def whole_count_is_cheap(text: str, basis: DfBasis, fields: list[str]) -> bool:
+    """Whether the term's count can go without a bound: a proposed term (a keyword), or one
+    ASCII word looked for in one field, is a term query, which the engine counts from its term
+    dictionary (Lucene's count shortcut, in each segment without deletions): no search over
+    its postings, so no cost that grows with its DF. Stopping at a bound (``terminate_after``)
+    turns the shortcut off and walks the postings instead, a third of the collection for the
+    rank policy's cap. A phrase, a word the analyzer may split (hyphens, non-ASCII scripts),
+    several fields, or the ``both`` basis (a disjunction) still stops at the bound."""
+    if basis == "proposals":
+        return True
+    return basis == "text" and len(fields) == 1 and text.isascii() and text.isalnum()
+
+
 def bounded_frequencies(engine: Engine, index: str, terms: dict[str, str], bound: int,
                         fields: list[str], basis: DfBasis = "text", batch: int = 200
                         ) -> dict[str, int]:
     """min(DF, ``bound``) of each term ``{norm: surface text}`` under ``basis`` (a phrase on
     ``fields`` for its text part), count-only searches in one ``_msearch`` per ``batch``, each
-    shard stopping after ``bound`` matches (``terminate_after``). Exact on any number of
-    shards: a shard that stopped alone brings the sum to ``bound``; where none stopped, every
-    shard's count is whole."""
+    shard stopping after ``bound`` matches (``terminate_after``) unless the whole count is
+    cheaper (``whole_count_is_cheap``). Exact on any number of shards: a shard that stopped
+    alone brings the sum to ``bound``; where none stopped, every shard's count is whole."""
     items = list(terms.items())
     out: dict[str, int] = {}
     for start in range(0, len(items), batch):
         chunk = items[start:start + batch]
-        responses = engine.msearch(index, [
-            {"size": 0, "track_total_hits": True, "terminate_after": bound,
-             "query": _clause(text, norm, basis, fields)} for norm, text in chunk])
+        responses = engine.msearch(index, [_count(text, norm, bound, basis, fields)
+                                           for norm, text in chunk])
         for (norm, _), response in zip(chunk, responses, strict=True):
             out[norm] = min(int(response["hits"]["total"]["value"]), bound)
     return out
+
+
+def _count(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str]) -> dict:
+    body = {"size": 0, "track_total_hits": True, "query": _clause(text, norm, basis, fields)}
+    if not whole_count_is_cheap(text, basis, fields):
+        body["terminate_after"] = bound
+    return body
 
 
 FIRST_BOUND = 64  # where top_frequencies starts counting

@@ -358,6 +358,18 @@ class Engine:
         stats = self.client.indices.stats(index=name, metric="store")
         return int(stats["_all"]["primaries"]["store"]["size_in_bytes"])
 
+    def wait_for_merges(self, name: str, wait_s: float = 600.0) -> bool:
+        """Wait until no merge of ``name`` is running (the engine merges segments in the
+        background after writes), at most ``wait_s``; whether it got there."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            stats = self.client.indices.stats(index=name, metric="merge")
+            if int(stats["_all"]["total"]["merges"]["current"]) == 0:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(1)
+
     def force_merge(self, name: str, wait_s: float = 120.0) -> dict[str, int]:
         """Merge an index that is done being written into one segment, dropping the deleted
         copies that updates left behind (they count in BM25 statistics and cost search time).

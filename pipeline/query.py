@@ -23,6 +23,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -37,6 +38,8 @@ from pipeline.schema import BRIDGE_FIELD, ECHO_FIELD, OWN, Layout
 TEMPLATE_ID = OWN.template_id  # the own layout's; an attached index has its own (Layout)
 RRF_K = 60
 LEAF = re.compile(r"weight\(([^:\s(]+):(.+?) in \d+\)")
+# validation sends its _analyze from here while the counts go out (both clients are thread-safe)
+_BESIDE = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sira-validation")
 
 
 def fields_for(classes: Classes, layout: Layout = OWN) -> list[str]:
@@ -199,9 +202,16 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
                   fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS),
                   max_sketch_terms: int | None = None) -> dict[str, Validation]:
     """``validate`` for many sketches at once (the bench: every query of a collection), with
-    one batched ``_analyze`` and one DF lookup for the parts of all of them."""
+    one batched ``_analyze`` and one DF lookup for the parts of all of them, sent at once
+    (neither needs the other's answer: the parts are the phrases' words)."""
     flat = [(key, phrase) for key, phrases in sketches.items() for phrase in phrases]
-    norms = terms.normalize(engine, index, [phrase for _, phrase in flat])
+    parts = {phrase: terms.ngrams(terms.words(phrase), max_n) for _, phrase in flat}
+    candidates = {p.lower(): p for ps in parts.values() for p in ps}
+    analysed = _BESIDE.submit(terms.normalize, engine, index, [phrase for _, phrase in flat])
+    # 0, at most the cap, or over it is all a decision needs: counting stops at cap + 1
+    df = dfstats.bounded_frequencies(engine, index, candidates, 1 if cap is None else cap + 1,
+                                     list(fields))
+    norms = analysed.result()
     unique: dict[str, dict[str, str]] = {key: {} for key in sketches}  # phrase -> analysed
     out = {key: Validation([], [], {}) for key in sketches}
     seen: dict[str, set[str]] = {key: set() for key in sketches}
@@ -214,12 +224,6 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
         else:
             seen[key].add(norm)
             unique[key][phrase] = norm
-    parts = {phrase: terms.ngrams(terms.words(phrase), max_n)
-             for phrases in unique.values() for phrase in phrases}
-    candidates = {p.lower(): p for ps in parts.values() for p in ps}
-    # 0, at most the cap, or over it is all a decision needs: counting stops at cap + 1
-    df = dfstats.bounded_frequencies(engine, index, candidates, 1 if cap is None else cap + 1,
-                                     list(fields))
     for key, phrases in unique.items():
         kept, dropped, searched = out[key]
         taken: set[str] = set()

@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from pipeline import policies, query
+from pipeline import dfstats, policies, query
 from pipeline.bench.inputs import Split
 from pipeline.bench.report import Report
 from pipeline.bench.run import Config
@@ -18,6 +18,22 @@ from pipeline.profile import Profile
 from pipeline.query import Hit
 
 # -- policies ------------------------------------------------------------------------------
+
+
+def test_counts_stop_at_the_bound_unless_the_term_dictionary_answers() -> None:
+    """A term query is counted whole (the engine's count shortcut, no postings walked); a
+    phrase, a word the analyzer may split, several fields or a disjunction stop at the bound
+    (the exactness of both on 3 shards: test_enrich)."""
+    def stops(text: str, basis: str = "text", fields: tuple[str, ...] = ("enriched",)) -> bool:
+        body = dfstats._count(text, text.lower(), 51, basis, list(fields))  # type: ignore[arg-type]
+        assert body["size"] == 0 and body["track_total_hits"] is True
+        return body.get("terminate_after") == 51
+
+    assert not stops("Cell") and not stops("h2o") and not stops("cell", "proposals")
+    assert not stops("heart attack", "proposals")  # a keyword: one term whatever it says
+    assert stops("heart attack") and stops("covid-19") and stops("naïve")
+    assert stops("cell", "both") and stops("cell", fields=("sira.echo", "title"))
+
 
 def test_each_policy_caps_as_documented() -> None:
     dfs = [40, 30, 30, 20, 5, 1]

@@ -103,7 +103,8 @@ def write_collection(inputs: Inputs, generator: Generator, size: int, folder: Pa
 
 
 def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
-            proposals: Path, repeat: int, tick: Callable[[str], None] | None = None) -> dict:
+            proposals: Path, repeat: int, tick: Callable[[str], None] | None = None, *,
+            force_merge: bool = False) -> dict:
     """Every step on one new index (``settings.index``), dropped afterwards."""
     index = settings.index.name
     say = tick or (lambda _: None)
@@ -148,6 +149,18 @@ def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
         out["apply_s"] = time.perf_counter() - started
         out["cap"], out["enriched"] = applied.cap, applied.enriched
         out["index_mb"] = engine.size(index) / 2**20
+        # searches are timed on the index as an application finds it once the build is
+        # done: refreshed and its background merges over (else they share the CPUs with
+        # the searches), deleted copies where the merges left them, unless ``force_merge``
+        engine.refresh(index)
+        if force_merge:
+            say("force merge")
+            started = time.perf_counter()
+            engine.force_merge(index)
+            out["force_merge_s"] = time.perf_counter() - started
+        say("waiting for merges")
+        engine.wait_for_merges(index)
+        out |= {f"searched_{k}": v for k, v in engine.segments(index).items()}
         say("validation and search")
         out |= _searches(engine, index, inputs, applied.cap, repeat)
     finally:
@@ -237,7 +250,8 @@ def plot(by_shards: dict[int, list[dict]], path: Path) -> Path:
 
 def run(engine: Engine, settings: Settings, inputs: Inputs, generator: Generator,
         sizes: list[int], shards: list[int], work: Path, *, repeat: int = 3,
-        say: Callable[[str], None] | None = None) -> dict[int, list[dict]]:
+        force_merge: bool = False, say: Callable[[str], None] | None = None
+        ) -> dict[int, list[dict]]:
     """Every size at every shard count, smallest first: {shards: [figures per size]}."""
     tell = say or (lambda _: None)
     out: dict[int, list[dict]] = {}
@@ -256,7 +270,8 @@ def run(engine: Engine, settings: Settings, inputs: Inputs, generator: Generator
             at = settings.model_copy(update={"index": index})
             row = measure(engine, at, inputs, corpus, proposals, repeat,
                           lambda step, size=size, count=count:
-                          tell(f"{size:,} documents, {count} shard(s): {step}"))
+                          tell(f"{size:,} documents, {count} shard(s): {step}"),
+                          force_merge=force_merge)
             out.setdefault(count, []).append(row)
         for path in (corpus, proposals):
             path.unlink()
@@ -299,6 +314,8 @@ def markdown(by_shards: dict[int, list[dict]], asked: list[int]) -> str:
             ("cap (rank policy); same as from exact DFs", lambda r: f"{r['cap']}; "
              + ("yes" if r["same_cap"] else "NO")),
             ("index size", lambda r: f"{r['index_mb']:,.0f} MB"),
+            ("searched: segments / deleted copies",
+             lambda r: f"{r['searched_segments']} / {r['searched_deleted_docs']:,}"),
             ("validation p95", lambda r: f"{r['validate_p95_ms']:.2f} ms"),
             ("plain / literal / two-clause p95", lambda r: f"{r['plain_p95_ms']:.2f} / "
              f"{r['literal_p95_ms']:.2f} / {r['two_p95_ms']:.2f} ms"),
