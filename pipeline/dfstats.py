@@ -69,43 +69,48 @@ def document_frequencies(
     return out
 
 
-def whole_count_is_cheap(text: str, basis: DfBasis, fields: list[str]) -> bool:
-    """Whether the term's count can go without a bound: a proposed term (a keyword), or one
-    ASCII word looked for in one field, is a term query, which the engine counts from its term
-    dictionary (Lucene's count shortcut, in each segment without deletions): no search over
-    its postings, so no cost that grows with its DF. Stopping at a bound (``terminate_after``)
-    turns the shortcut off and walks the postings instead, a third of the collection for the
-    rank policy's cap. A phrase, a word the analyzer may split (hyphens, non-ASCII scripts),
-    several fields, or the ``both`` basis (a disjunction) still stops at the bound."""
-    if basis == "proposals":
-        return True
-    return basis == "text" and len(fields) == 1 and text.isascii() and text.isalnum()
-
-
 def bounded_frequencies(engine: Engine, index: str, terms: dict[str, str], bound: int,
                         fields: list[str], basis: DfBasis = "text", batch: int = 200
                         ) -> dict[str, int]:
     """min(DF, ``bound``) of each term ``{norm: surface text}`` under ``basis`` (a phrase on
-    ``fields`` for its text part), count-only searches in one ``_msearch`` per ``batch``, each
-    shard stopping after ``bound`` matches (``terminate_after``) unless the whole count is
-    cheaper (``whole_count_is_cheap``). Exact on any number of shards: a shard that stopped
-    alone brings the sum to ``bound``; where none stopped, every shard's count is whole."""
-    items = list(terms.items())
-    out: dict[str, int] = {}
-    for start in range(0, len(items), batch):
-        chunk = items[start:start + batch]
-        responses = engine.msearch(index, [_count(text, norm, bound, basis, fields)
-                                           for norm, text in chunk])
+    ``fields`` for its text part), from count-only searches (``_counts``) in one ``_msearch``
+    per ``batch`` of them. Exact on any number of shards: a shard that stopped at the bound
+    brings the sum to at least ``bound``; where none stopped, every shard's count is whole."""
+    searches = [(norm, body) for norm, text in terms.items()
+                for body in _counts(text, norm, bound, basis, fields)]
+    out = dict.fromkeys(terms, 0)
+    for start in range(0, len(searches), batch):
+        chunk = searches[start:start + batch]
+        responses = engine.msearch(index, [body for _, body in chunk])
         for (norm, _), response in zip(chunk, responses, strict=True):
-            out[norm] = min(int(response["hits"]["total"]["value"]), bound)
-    return out
+            out[norm] += int(response["hits"]["total"]["value"])
+    return {norm: min(df, bound) for norm, df in out.items()}
 
 
-def _count(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str]) -> dict:
-    body = {"size": 0, "track_total_hits": True, "query": _clause(text, norm, basis, fields)}
-    if not whole_count_is_cheap(text, basis, fields):
-        body["terminate_after"] = bound
-    return body
+def _counts(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str]
+            ) -> list[dict]:
+    """Count-only searches whose totals add up to the term's DF, each either whole or
+    stopping on each shard after ``bound`` matches (``terminate_after``). A term query is
+    counted whole: the engine counts it from its term dictionary (Lucene's count shortcut, in
+    each segment without deletions) where ``terminate_after`` would turn that off and walk its
+    postings, up to a third of the collection under the rank policy's cap. That is a proposed
+    term (a keyword), or one ASCII word looked for in one field; under the ``both`` basis such
+    a word is its text count plus the documents it was proposed for without it in the text (a
+    walk of its proposals' postings, stopping at the bound). A phrase, a word the analyzer may
+    split (hyphens, other scripts) or several fields: one search that stops at the bound."""
+    def count(query: dict, stop: bool) -> dict:
+        body = {"size": 0, "track_total_hits": True, "query": query}
+        return body | {"terminate_after": bound} if stop else body
+
+    one_term = len(fields) == 1 and text.isascii() and text.isalnum()
+    if basis == "proposals" or (one_term and basis == "text"):
+        return [count(_clause(text, norm, basis, fields), stop=False)]
+    if one_term and basis == "both":
+        in_text = _clause(text, norm, "text", fields)
+        only_proposed = {"bool": {"filter": [_clause(text, norm, "proposals", fields)],
+                                  "must_not": [in_text]}}
+        return [count(in_text, stop=False), count(only_proposed, stop=True)]
+    return [count(_clause(text, norm, basis, fields), stop=True)]
 
 
 FIRST_BOUND = 64  # where top_frequencies starts counting

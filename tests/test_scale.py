@@ -62,7 +62,7 @@ def test_bench_scale_on_the_sample(opensearch: Engine, tmp_path: Path,
             "--dataset", str(SAMPLE), "--proposals", str(RECORDED),
             "--sketches", str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test",
             "--sizes", "60,150,10000", "--measure-up-to", "150", "--shards", "1,2",
-            "--repeat", "1", "--force-merge", "--out", str(out)]
+            "--repeat", "1", "--out", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "scale.json").read_text())
@@ -74,11 +74,11 @@ def test_bench_scale_on_the_sample(opensearch: Engine, tmp_path: Path,
             assert row["same_cap"] and row["enriched"] == row["documents"]
             assert 0 < row["df_requests"] <= 3 and row["candidate_terms"] > 100
             assert row["index_mb"] > 0 and row["validate_ms"] > 0 and row["two_ms"] > 0
-            # searched merged: one segment per shard, the updates' deleted copies gone
-            assert row["searched_segments"] == int(shards) and row["searched_deleted_docs"] == 0
+            # searched once the merges were over: what is left of the updates' copies is said
+            assert row["searched_segments"] >= int(shards) and row["searched_deleted_docs"] >= 0
     assert "| 10,000 (extrapolated) |" in result.output
     assert "| distinct proposed terms |" in result.output
-    assert "| searched: segments / deleted copies | 1 / 0 | 1 / 0 |" in result.output
+    assert re.search(r"\| searched: segments / deleted copies \| \d+ / [\d,]+ \|", result.output)
     assert (out / "scale.png").read_bytes()[:4] == b"\x89PNG"
     assert not opensearch.client.indices.get(index=f"{name}-scale-*")  # dropped
 

@@ -23,16 +23,24 @@ from pipeline.query import Hit
 def test_counts_stop_at_the_bound_unless_the_term_dictionary_answers() -> None:
     """A term query is counted whole (the engine's count shortcut, no postings walked); a
     phrase, a word the analyzer may split, several fields or a disjunction stop at the bound
-    (the exactness of both on 3 shards: test_enrich)."""
-    def stops(text: str, basis: str = "text", fields: tuple[str, ...] = ("enriched",)) -> bool:
-        body = dfstats._count(text, text.lower(), 51, basis, list(fields))  # type: ignore[arg-type]
-        assert body["size"] == 0 and body["track_total_hits"] is True
-        return body.get("terminate_after") == 51
+    (the exactness of all of them on 3 shards: test_enrich)."""
+    def searches(text: str, basis: str = "text", fields: tuple[str, ...] = ("enriched",)
+                 ) -> list[bool]:  # whether each search stops at the bound
+        bodies = dfstats._counts(text, text.lower(), 51, basis, list(fields))  # type: ignore[arg-type]
+        assert all(b["size"] == 0 and b["track_total_hits"] is True for b in bodies)
+        return [b.get("terminate_after") == 51 for b in bodies]
 
-    assert not stops("Cell") and not stops("h2o") and not stops("cell", "proposals")
-    assert not stops("heart attack", "proposals")  # a keyword: one term whatever it says
-    assert stops("heart attack") and stops("covid-19") and stops("naïve")
-    assert stops("cell", "both") and stops("cell", fields=("sira.echo", "title"))
+    assert searches("Cell") == searches("h2o") == searches("cell", "proposals") == [False]
+    assert searches("heart attack", "proposals") == [False]  # a keyword: one term
+    assert searches("heart attack") == searches("covid-19") == searches("naïve") == [True]
+    assert searches("cell", fields=("sira.echo", "title")) == [True]
+    assert searches("heart attack", "both") == [True]
+    # both: the text's count whole, plus the proposals without the word in the text
+    assert searches("cell", "both") == [False, True]
+    only_proposed = dfstats._counts("cell", "cell", 51, "both", ["contents"])[1]["query"]
+    assert only_proposed == {"bool": {
+        "filter": [{"term": {"sira.proposed_terms": "cell"}}],
+        "must_not": [{"multi_match": {"query": "cell", "type": "phrase", "fields": ["contents"]}}]}}
 
 
 def test_each_policy_caps_as_documented() -> None:
