@@ -70,14 +70,15 @@ def document_frequencies(
 
 
 def bounded_frequencies(engine: Engine, index: str, terms: dict[str, str], bound: int,
-                        fields: list[str], basis: DfBasis = "text", batch: int = 200
-                        ) -> dict[str, int]:
+                        fields: list[str], basis: DfBasis = "text", batch: int = 200, *,
+                        phrase_terms: bool = False) -> dict[str, int]:
     """min(DF, ``bound``) of each term ``{norm: surface text}`` under ``basis`` (a phrase on
     ``fields`` for its text part), from count-only searches (``_counts``) in one ``_msearch``
     per ``batch`` of them. Exact on any number of shards: a shard that stopped at the bound
-    brings the sum to at least ``bound``; where none stopped, every shard's count is whole."""
+    brings the sum to at least ``bound``; where none stopped, every shard's count is whole.
+    ``phrase_terms``: the field indexes two-word phrases as terms (``index_phrases``)."""
     searches = [(norm, body) for norm, text in terms.items()
-                for body in _counts(text, norm, bound, basis, fields)]
+                for body in _counts(text, norm, bound, basis, fields, phrase_terms)]
     out = dict.fromkeys(terms, 0)
     for start in range(0, len(searches), batch):
         chunk = searches[start:start + batch]
@@ -87,14 +88,15 @@ def bounded_frequencies(engine: Engine, index: str, terms: dict[str, str], bound
     return {norm: min(df, bound) for norm, df in out.items()}
 
 
-def _counts(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str]
-            ) -> list[dict]:
+def _counts(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str],
+            phrase_terms: bool = False) -> list[dict]:
     """Count-only searches whose totals add up to the term's DF, each either whole or
     stopping on each shard after ``bound`` matches (``terminate_after``). A term query is
     counted whole: the engine counts it from its term dictionary (Lucene's count shortcut, in
     each segment without deletions) where ``terminate_after`` would turn that off and walk its
     postings, up to a third of the collection under the rank policy's cap. That is a proposed
-    term (a keyword), or one ASCII word looked for in one field; under the ``both`` basis such
+    term (a keyword), or one ASCII word looked for in one field (two, where the field indexes
+    two-word phrases as terms: ``phrase_terms``); under the ``both`` basis such
     a word is its text count plus the documents it was proposed for without it in the text (a
     walk of its proposals' postings, stopping at the bound). A phrase, a word the analyzer may
     split (hyphens, other scripts) or several fields: one search that stops at the bound."""
@@ -102,7 +104,9 @@ def _counts(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str]
         body = {"size": 0, "track_total_hits": True, "query": query}
         return body | {"terminate_after": bound} if stop else body
 
-    one_term = len(fields) == 1 and text.isascii() and text.isalnum()
+    words = text.split()
+    one_term = len(fields) == 1 and 0 < len(words) <= (2 if phrase_terms else 1) and all(
+        w.isascii() and w.isalnum() for w in words)
     if basis == "proposals" or (one_term and basis == "text"):
         return [count(_clause(text, norm, basis, fields), stop=False)]
     if one_term and basis == "both":

@@ -25,6 +25,8 @@ from pydantic import SecretStr
 from pipeline.config import EngineKind, EngineSettings, IndexSettings, redact_url
 
 RETRY_ON_STATUS = (429, 502, 503, 504)
+# in an index's _meta: its enriched field indexes two-word phrases as terms (index_phrases)
+PHRASE_TERMS_META = "sira_phrase_terms"
 
 
 @cache
@@ -300,6 +302,9 @@ class Engine:
         settings["index"]["similarity"]["sira_bm25"].update(k1=index.bm25_k1, b=index.bm25_b)
         body["mappings"]["properties"]["sira"] = sira_mapping(
             {"analyzer": "sira_english", "similarity": "sira_bm25", "copy_to": ["enriched"]})
+        if index.phrase_terms:
+            body["mappings"]["properties"]["enriched"]["index_phrases"] = True
+            body["mappings"]["_meta"] = {PHRASE_TERMS_META: True}
         return body
 
     def create_index(self, index: IndexSettings, *, recreate: bool = False) -> bool:

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from pipeline import dfstats, policies, terms
 from pipeline.config import Settings
-from pipeline.engine import Engine, mappings_dir
+from pipeline.engine import PHRASE_TERMS_META, Engine, mappings_dir
 from pipeline.llm import ModelClient
 from pipeline.profile import DEFAULT_W, Classes, Profile
 from pipeline.prompts import query_prompt
@@ -186,21 +186,24 @@ class Validation(NamedTuple):
 
 def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None, max_n: int,
              fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS),
-             max_sketch_terms: int | None = None) -> Validation:
+             max_sketch_terms: int | None = None, *, phrase_terms: bool = False
+             ) -> Validation:
     """Keep a phrase when some 1..max_n-word part of it has 0 < DF <= cap in ``fields``
     (default: the enriched index); one ``_msearch`` for all the parts of all the phrases, each
     count stopping at cap + 1 (a cost that does not grow with the collection).
     ``max_sketch_terms``: at most this many distinct analysed terms take part — whole phrases
     in the sketch's order, a phrase that would go over is dropped (each term is one clause
-    of the search, and clauses are what it costs; RM3's "expansion terms" in effect)."""
+    of the search, and clauses are what it costs; RM3's "expansion terms" in effect).
+    ``phrase_terms``: ``fields`` index two-word phrases as terms (``IndexSettings``)."""
     return validate_many(engine, index, {"": phrases}, cap, max_n, fields,
-                         max_sketch_terms)[""]
+                         max_sketch_terms, phrase_terms=phrase_terms)[""]
 
 
 def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]],
                   cap: int | None, max_n: int,
                   fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS),
-                  max_sketch_terms: int | None = None) -> dict[str, Validation]:
+                  max_sketch_terms: int | None = None, *, phrase_terms: bool = False
+                  ) -> dict[str, Validation]:
     """``validate`` for many sketches at once (the bench: every query of a collection), with
     one batched ``_analyze`` and one DF lookup for the parts of all of them, sent at once
     (neither needs the other's answer: the parts are the phrases' words)."""
@@ -210,7 +213,7 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
     analysed = _BESIDE.submit(terms.normalize, engine, index, [phrase for _, phrase in flat])
     # 0, at most the cap, or over it is all a decision needs: counting stops at cap + 1
     df = dfstats.bounded_frequencies(engine, index, candidates, 1 if cap is None else cap + 1,
-                                     list(fields))
+                                     list(fields), phrase_terms=phrase_terms)
     norms = analysed.result()
     unique: dict[str, dict[str, str]] = {key: {} for key in sketches}  # phrase -> analysed
     out = {key: Validation([], [], {}) for key in sketches}
@@ -352,7 +355,8 @@ def search(
         result.cap = active_cap(engine, index, meta, profile)
         result.expansion, result.dropped, searched = validate(
             engine, index, sketch, result.cap, profile.max_n, layout.phrase_fields(True),
-            max_sketch_terms=profile.max_sketch_terms)
+            max_sketch_terms=profile.max_sketch_terms,
+            phrase_terms=bool(meta.get(PHRASE_TERMS_META)))
         if not result.expansion:
             result.expansion_note = "no sketch term passed validation"
     elif expand and result.expansion_note is None:

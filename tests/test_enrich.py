@@ -13,7 +13,7 @@ from fake_model import FakeModelServer
 
 from pipeline import batchfiles, dfstats, enrich, policies, terms
 from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
-from pipeline.engine import Engine
+from pipeline.engine import PHRASE_TERMS_META, Engine
 from pipeline.llm import ModelClient
 from pipeline.loaders import Document
 from pipeline.schema import OWN
@@ -199,6 +199,41 @@ def test_df_is_exact_on_a_multi_shard_index(cluster: Engine, index_settings: Ind
                 assert sorted(top.values(), reverse=True)[min(k, len(top)) - 1] == want, k
     finally:
         cluster.delete_index(index.name)
+
+
+def test_phrase_terms_count_two_words_whole_and_exact(cluster: Engine,
+                                                     index_settings: IndexSettings) -> None:
+    """An index made with phrase_terms indexes two-word phrases of the enriched field as terms
+    (index_phrases, said in _meta); its counts of one and two words go whole (the term
+    dictionary) and are exact on 3 shards — the counts of the same phrases by position in the
+    same documents indexed without it — with stopwords and words the analyzer splits."""
+    index = index_settings.model_copy(update={"shards": 3, "replicas": 1, "phrase_terms": True})
+    plain = index_settings.model_copy(update={"name": f"{index_settings.name}-plain"})
+    cluster.create_index(index)
+    cluster.create_index(plain)
+    try:
+        assert cluster.get_mapping(index.name)["properties"]["enriched"]["index_phrases"]
+        assert cluster.get_meta(index.name)[PHRASE_TERMS_META] is True
+        assert PHRASE_TERMS_META not in cluster.get_meta(plain.name)
+        rng = random.Random(5)
+        vocab = ["alpha", "bravo", "charlie", "delta", "of", "the", "x-ray"]
+        docs = [(f"d{i}", f"doc {i}", " ".join(rng.choice(vocab) for _ in range(5)))
+                for i in range(150)]
+        for name in (index.name, plain.name):
+            load(cluster, name, docs)
+            cluster.refresh(name)
+        parts = ["alpha", "bravo charlie", "alpha of", "of the", "delta alpha", "x-ray alpha",
+                 "charlie of delta", "alpha alpha", "doc alpha", "zulu", "bravo zulu"]
+        truth = {p: cluster.count(plain.name, {"match_phrase": {"enriched": p}}) for p in parts}
+        assert 0 < truth["bravo charlie"] < truth["alpha"] and truth["zulu"] == 0
+        for bound in (1, 5, 40, 1000):
+            got = dfstats.bounded_frequencies(cluster, index.name, {p: p for p in parts}, bound,
+                                              dfstats.ENRICHED_FIELDS, batch=4,
+                                              phrase_terms=True)
+            assert got == {p: min(df, bound) for p, df in truth.items()}, bound
+    finally:
+        cluster.delete_index(index.name)
+        cluster.delete_index(plain.name)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -37,6 +37,12 @@ def test_counts_stop_at_the_bound_unless_the_term_dictionary_answers() -> None:
     assert searches("heart attack", "both") == [True]
     # both: the text's count whole, plus the proposals without the word in the text
     assert searches("cell", "both") == [False, True]
+    # a field that indexes two-word phrases as terms: two words are one term too
+    two = dfstats._counts("heart attack", "heart attack", 51, "text", ["enriched"], True)
+    assert "terminate_after" not in two[0]
+    three = dfstats._counts("acute heart attack", "acut heart attack", 51, "text",
+                            ["enriched"], True)
+    assert three[0]["terminate_after"] == 51
     only_proposed = dfstats._counts("cell", "cell", 51, "both", ["contents"])[1]["query"]
     assert only_proposed == {"bool": {
         "filter": [{"term": {"sira.proposed_terms": "cell"}}],

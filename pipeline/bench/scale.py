@@ -31,7 +31,7 @@ import numpy as np
 from pipeline import batchfiles, enrich, query
 from pipeline.bench.synthetic import Generator
 from pipeline.config import Settings
-from pipeline.engine import Engine
+from pipeline.engine import PHRASE_TERMS_META, Engine
 from pipeline.jobs import index_corpus
 from pipeline.profile import DEFAULT_MAX_N, DEFAULT_W, Profile
 
@@ -171,15 +171,16 @@ def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
 
 def _searches(engine: Engine, index: str, inputs: Inputs, cap: int | None, repeat: int
               ) -> dict:
+    pairs = bool(engine.get_meta(index).get(PHRASE_TERMS_META))
     # warm up on other phrases (the queries' own words), then each sketch once, as a search
     # validates it: a user's first validation of it
     for text in list(inputs.queries.values())[:50]:
-        query.validate(engine, index, text.split()[:10], cap, DEFAULT_MAX_N)
+        query.validate(engine, index, text.split()[:10], cap, DEFAULT_MAX_N, phrase_terms=pairs)
     validate_ms, validated = [], {}
     for qid in inputs.queries:
         started = time.perf_counter()
         validated[qid] = query.validate(engine, index, inputs.sketches.get(qid, []), cap,
-                                        DEFAULT_MAX_N)
+                                        DEFAULT_MAX_N, phrase_terms=pairs)
         validate_ms.append((time.perf_counter() - started) * 1000)
     kinds = {"plain": lambda text, _: query.build_query(text, classes="none"),
              "literal": lambda text, _: query.build_query(text),
