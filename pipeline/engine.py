@@ -23,10 +23,9 @@ from typing import Any
 from pydantic import SecretStr
 
 from pipeline.config import EngineKind, EngineSettings, IndexSettings, redact_url
+from pipeline.schema import PHRASE_TERMS_META
 
 RETRY_ON_STATUS = (429, 502, 503, 504)
-# in an index's _meta: its enriched field indexes two-word phrases as terms (index_phrases)
-PHRASE_TERMS_META = "sira_phrase_terms"
 
 
 @cache

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from pipeline import dfstats, policies, terms
 from pipeline.config import Settings
-from pipeline.engine import PHRASE_TERMS_META, Engine, mappings_dir
+from pipeline.engine import Engine, mappings_dir
 from pipeline.llm import ModelClient
 from pipeline.profile import DEFAULT_W, Classes, Profile
 from pipeline.prompts import query_prompt
@@ -190,7 +190,7 @@ def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None
              ) -> Validation:
     """Keep a phrase when some 1..max_n-word part of it has 0 < DF <= cap in ``fields``
     (default: the enriched index); one ``_msearch`` for all the parts of all the phrases, each
-    count stopping at cap + 1 (a cost that does not grow with the collection).
+    counted as far as the decision needs (``dfstats.bounded_frequencies``).
     ``max_sketch_terms``: at most this many distinct analysed terms take part — whole phrases
     in the sketch's order, a phrase that would go over is dropped (each term is one clause
     of the search, and clauses are what it costs; RM3's "expansion terms" in effect).
@@ -211,7 +211,7 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
     parts = {phrase: terms.ngrams(terms.words(phrase), max_n) for _, phrase in flat}
     candidates = {p.lower(): p for ps in parts.values() for p in ps}
     analysed = _BESIDE.submit(terms.normalize, engine, index, [phrase for _, phrase in flat])
-    # 0, at most the cap, or over it is all a decision needs: counting stops at cap + 1
+    # 0, at most the cap, or over it is all a decision needs: counted up to cap + 1
     df = dfstats.bounded_frequencies(engine, index, candidates, 1 if cap is None else cap + 1,
                                      list(fields), phrase_terms=phrase_terms)
     norms = analysed.result()
@@ -356,7 +356,7 @@ def search(
         result.expansion, result.dropped, searched = validate(
             engine, index, sketch, result.cap, profile.max_n, layout.phrase_fields(True),
             max_sketch_terms=profile.max_sketch_terms,
-            phrase_terms=bool(meta.get(PHRASE_TERMS_META)))
+            phrase_terms=layout.phrase_terms)
         if not result.expansion:
             result.expansion_note = "no sketch term passed validation"
     elif expand and result.expansion_note is None:

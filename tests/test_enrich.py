@@ -13,10 +13,10 @@ from fake_model import FakeModelServer
 
 from pipeline import batchfiles, dfstats, enrich, policies, terms
 from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
-from pipeline.engine import PHRASE_TERMS_META, Engine
+from pipeline.engine import Engine
 from pipeline.llm import ModelClient
 from pipeline.loaders import Document
-from pipeline.schema import OWN
+from pipeline.schema import OWN, PHRASE_TERMS_META, Layout
 
 ANSWERS = {
     "Heap sizing": ["JVM heap", "garbage collector", "Xmx flag", "the"],
@@ -215,6 +215,8 @@ def test_phrase_terms_count_two_words_whole_and_exact(cluster: Engine,
         assert cluster.get_mapping(index.name)["properties"]["enriched"]["index_phrases"]
         assert cluster.get_meta(index.name)[PHRASE_TERMS_META] is True
         assert PHRASE_TERMS_META not in cluster.get_meta(plain.name)
+        assert Layout.of(cluster.get_meta(index.name)).phrase_terms
+        assert not Layout.of(cluster.get_meta(plain.name)).phrase_terms
         rng = random.Random(5)
         vocab = ["alpha", "bravo", "charlie", "delta", "of", "the", "x-ray"]
         docs = [(f"d{i}", f"doc {i}", " ".join(rng.choice(vocab) for _ in range(5)))

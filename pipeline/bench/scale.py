@@ -31,9 +31,10 @@ import numpy as np
 from pipeline import batchfiles, enrich, query
 from pipeline.bench.synthetic import Generator
 from pipeline.config import Settings
-from pipeline.engine import PHRASE_TERMS_META, Engine
+from pipeline.engine import Engine
 from pipeline.jobs import index_corpus
 from pipeline.profile import DEFAULT_MAX_N, DEFAULT_W, Profile
+from pipeline.schema import Layout
 
 # (key, label, unit) of the figures per size, in the order they are shown
 FIGURES = [
@@ -171,7 +172,7 @@ def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
 
 def _searches(engine: Engine, index: str, inputs: Inputs, cap: int | None, repeat: int
               ) -> dict:
-    pairs = bool(engine.get_meta(index).get(PHRASE_TERMS_META))
+    pairs = Layout.of(engine.get_meta(index)).phrase_terms
     # warm up on other phrases (the queries' own words), then each sketch once, as a search
     # validates it: a user's first validation of it
     for text in list(inputs.queries.values())[:50]:
