@@ -967,6 +967,17 @@ def bench_scale_cmd(
     force_merge: Annotated[bool, typer.Option(
         "--force-merge", help="Merge each index into one segment before its searches are "
         "timed (else they run once its background merges are over).")] = False,
+    plain_only: Annotated[bool, typer.Option(
+        "--plain-only", help="Index the documents and time validation and search only: no "
+        "proposals, DF statistics or enrichment (for sizes the whole build does not fit).")]
+    = False,
+    cap: Annotated[int | None, typer.Option(
+        help="With --plain-only: the DF cap validation counts against (default: a third of "
+        "the collection, near the rank policy's).", min=1)] = None,
+    aggregations: Annotated[bool, typer.Option(
+        "--aggregations/--no-aggregations", help="Also time the DF statistics gathered with "
+        "aggregations (as before the bounded counts; hours past a few 100,000 documents).")]
+    = True,
     out_dir: Annotated[Path, typer.Option("--out", help="Where scale.json, scale.md and "
                                           "scale.png go.")] = Path("bench-out"),
 ) -> None:
@@ -980,6 +991,9 @@ def bench_scale_cmd(
         shard_counts = [int(x) for x in shards.split(",") if x.strip()]
     except ValueError as exc:
         raise _fail(f"--sizes and --shards take comma-separated whole numbers ({exc})") from exc
+    if cap is not None and not plain_only:
+        raise _fail("--cap goes with --plain-only (a whole build validates against the cap "
+                    "its filter policy gives)")
     for path in (dataset / "corpus.jsonl", proposals, sketches):
         if not path.is_file():
             raise _fail(f"{path}: no such file")
@@ -996,12 +1010,14 @@ def bench_scale_cmd(
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results = scale.run(engine, settings, inputs, generator, measured, shard_counts,
-                        out_dir / "work", repeat=repeat, force_merge=force_merge,
+                        out_dir / "work", scale.Plan(repeat, force_merge, plain_only, cap,
+                                                     aggregations),
                         say=lambda line: err.print(f"[{time.monotonic() - started:6.0f}s] {line}"))
     table = scale.markdown(results, asked)
     out.print(table)
     (out_dir / "scale.json").write_text(json.dumps(
         {"dataset": str(dataset), "engine": engine.kind, "version": engine.version,
+         "phrase_terms": settings.index.phrase_terms, "plain_only": plain_only,
          "generator_check": closeness, "results": results}, indent=1))
     (out_dir / "scale.md").write_text(scale.check_table(closeness) + "\n" + table + "\n")
     png = scale.plot(results, out_dir / "scale.png")

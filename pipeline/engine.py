@@ -345,6 +345,11 @@ class Engine:
     def refresh(self, name: str) -> None:
         self.client.indices.refresh(index=name)
 
+    def clear_request_cache(self, name: str) -> None:
+        """Drop the shard request cache of ``name`` (it keeps size-0 results, such as counts,
+        until the next refresh that changes the index)."""
+        self.client.indices.clear_cache(index=name, request=True)
+
     def segments(self, name: str) -> dict[str, int]:
         """Lucene segments of an index and the deleted documents they still hold."""
         rows = self.client.cat.segments(index=name, format="json")

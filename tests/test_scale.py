@@ -83,6 +83,41 @@ def test_bench_scale_on_the_sample(opensearch: Engine, tmp_path: Path,
     assert not opensearch.client.indices.get(index=f"{name}-scale-*")  # dropped
 
 
+def test_bench_scale_plain_only_with_phrase_terms(opensearch: Engine, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--plain-only`` indexes and times validation and search, nothing else; the index is
+    built as the settings say (here with two-word phrase terms) and dropped."""
+    engine_env(opensearch, monkeypatch)
+    monkeypatch.setenv("SIRA_INDEX__PHRASE_TERMS", "true")
+    out = tmp_path / "out"
+    name = f"test-scale-{uuid.uuid4().hex[:6]}"
+    result = runner.invoke(app, [
+        "--index", name, "bench-scale", "--dataset", str(SAMPLE), "--proposals", str(RECORDED),
+        "--sketches", str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test",
+        "--sizes", "90,150,1000", "--measure-up-to", "150", "--shards", "1", "--repeat", "1",
+        "--plain-only", "--cap", "7", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "scale.json").read_text())
+    assert report["phrase_terms"] and report["plain_only"]
+    rows = report["results"]["1"]
+    assert [r["documents"] for r in rows] == [90, 150]
+    for row in rows:
+        assert row["cap"] == 7 and row["validate_ms"] > 0 and row["two_ms"] > 0
+        assert not {"import_s", "df_s", "apply_s", "enriched"} & row.keys()  # not built
+    assert "| sketch validation, median |" in result.output
+    assert "| proposals stored |" not in result.output
+    assert re.search(r"\| validation cap \(plain only\) \| 7 \| 7 \|", result.output)
+    assert (out / "scale.png").read_bytes()[:4] == b"\x89PNG"
+    assert not opensearch.client.indices.get(index=f"{name}-scale-*")
+
+
+def test_bench_scale_cap_without_plain_only_is_one_line() -> None:
+    result = runner.invoke(app, ["bench-scale", "--dataset", str(SAMPLE), "--proposals",
+                                 str(RECORDED), "--sketches", str(RECORDED), "--cap", "5"])
+    assert result.exit_code == 2
+    assert "--cap goes with --plain-only" in result.output and "Traceback" not in result.output
+
+
 def test_bench_scale_bad_sizes_is_one_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["bench-scale", "--dataset", str(SAMPLE), "--proposals",
                                  str(RECORDED), "--sketches", str(RECORDED), "--sizes", "10k"])

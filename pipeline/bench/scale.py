@@ -103,9 +103,24 @@ def write_collection(inputs: Inputs, generator: Generator, size: int, folder: Pa
     return corpus, proposals
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a run builds and times. ``plain_only``: index the documents and time validation
+    and search on them, without proposals, DF statistics or enrichment (``enriched`` then holds
+    the text alone; validation counts against ``cap``, default a third of the collection, near
+    the rank policy's cap) -- the sizes the whole build does not fit. ``aggregations``: also
+    time the DF statistics gathered with aggregations, as before the bounded counts (hours
+    past a few hundred thousand documents)."""
+
+    repeat: int = 3
+    force_merge: bool = False
+    plain_only: bool = False
+    cap: int | None = None
+    aggregations: bool = True
+
+
 def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
-            proposals: Path, repeat: int, tick: Callable[[str], None] | None = None, *,
-            force_merge: bool = False) -> dict:
+            proposals: Path, plan: Plan, tick: Callable[[str], None] | None = None) -> dict:
     """Every step on one new index (``settings.index``), dropped afterwards."""
     index = settings.index.name
     say = tick or (lambda _: None)
@@ -116,6 +131,12 @@ def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
         indexed = index_corpus(engine, settings, corpus, recreate=True)
         out["index_s"] = time.perf_counter() - started
         out["documents"] = indexed.indexed
+        if plan.plain_only:
+            cap = plan.cap if plan.cap is not None else out["documents"] // 3
+            out |= {"cap": cap, "index_mb": engine.size(index) / 2**20}
+            out |= _settled(engine, index, plan, say)
+            say("validation and search")
+            return out | _searches(engine, index, inputs, cap, plan.repeat)
         say("storing proposals")
         started = time.perf_counter()
         imported = batchfiles.import_proposals(engine, settings, proposals)
@@ -135,13 +156,14 @@ def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
         out["df_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
         tracemalloc.stop()
         out["df_requests"] = calls[0]
-        say("DF statistics, aggregations")
-        started = time.perf_counter()
-        exact = enrich.term_table(engine, index, settings.enrich.df_basis)
-        out["df_exact_s"] = time.perf_counter() - started
-        out["candidate_terms"] = len(exact.df)
-        out["same_cap"] = policy.cap(exact.n_docs, exact.df.values()) == \
-            policy.cap(table.n_docs, table.df.values())
+        out["candidate_terms"] = len(table.df)
+        if plan.aggregations:
+            say("DF statistics, aggregations")
+            started = time.perf_counter()
+            exact = enrich.term_table(engine, index, settings.enrich.df_basis)
+            out["df_exact_s"] = time.perf_counter() - started
+            out["same_cap"] = policy.cap(exact.n_docs, exact.df.values()) == \
+                policy.cap(table.n_docs, table.df.values())
         out["apply_uses"] = "bounded counts" if enrich.counts_bounded(
             out["documents"], settings.index.shards) else "aggregations"
         say("enrichment")
@@ -150,24 +172,29 @@ def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
         out["apply_s"] = time.perf_counter() - started
         out["cap"], out["enriched"] = applied.cap, applied.enriched
         out["index_mb"] = engine.size(index) / 2**20
-        # searches are timed on the index as an application finds it once the build is
-        # done: refreshed and its background merges over (else they share the CPUs with
-        # the searches), deleted copies where the merges left them, unless ``force_merge``
-        engine.refresh(index)
-        if force_merge:
-            say("force merge")
-            started = time.perf_counter()
-            engine.force_merge(index)
-            out["force_merge_s"] = time.perf_counter() - started
-        say("waiting for merges")
-        engine.wait_for_merges(index)
-        out |= {f"searched_{k}": v for k, v in engine.segments(index).items()}
+        out |= _settled(engine, index, plan, say)
         say("validation and search")
-        out |= _searches(engine, index, inputs, applied.cap, repeat)
+        out |= _searches(engine, index, inputs, applied.cap, plan.repeat)
     finally:
         if engine.index_exists(index):
             engine.delete_index(index)
     return out
+
+
+def _settled(engine: Engine, index: str, plan: Plan, say: Callable[[str], None]) -> dict:
+    """Searches are timed on the index as an application finds it once the build is done:
+    refreshed and its background merges over (else they share the CPUs with the searches),
+    deleted copies where the merges left them, unless ``plan.force_merge``."""
+    out: dict = {}
+    engine.refresh(index)
+    if plan.force_merge:
+        say("force merge")
+        started = time.perf_counter()
+        engine.force_merge(index)
+        out["force_merge_s"] = time.perf_counter() - started
+    say("waiting for merges")
+    engine.wait_for_merges(index)
+    return out | {f"searched_{k}": v for k, v in engine.segments(index).items()}
 
 
 def _searches(engine: Engine, index: str, inputs: Inputs, cap: int | None, repeat: int
@@ -177,6 +204,9 @@ def _searches(engine: Engine, index: str, inputs: Inputs, cap: int | None, repea
     # validates it: a user's first validation of it
     for text in list(inputs.queries.values())[:50]:
         query.validate(engine, index, text.split()[:10], cap, DEFAULT_MAX_N, phrase_terms=pairs)
+    # the shard request cache keeps size-0 results (the counts) until the next refresh: what
+    # the warm-up counted would read as free
+    engine.clear_request_cache(index)
     validate_ms, validated = [], {}
     for qid in inputs.queries:
         started = time.perf_counter()
@@ -232,6 +262,8 @@ def plot(by_shards: dict[int, list[dict]], path: Path) -> Path:
         style = ["-o", "--s", ":^"][n % 3]  # one colour per step, one line style per shards
         docs = [r["documents"] for r in rows]
         for i, (key, label, unit) in enumerate(FIGURES):
+            if not all(key in r for r in rows):  # a step this run left out
+                continue
             ax = axes[0] if unit == "s" else axes[1]
             ax.plot(docs, [r[key] for r in rows], style, color=colours[i % len(colours)],
                     label=f"{label} ({shards} shard{'s' if shards > 1 else ''})")
@@ -251,9 +283,8 @@ def plot(by_shards: dict[int, list[dict]], path: Path) -> Path:
 
 
 def run(engine: Engine, settings: Settings, inputs: Inputs, generator: Generator,
-        sizes: list[int], shards: list[int], work: Path, *, repeat: int = 3,
-        force_merge: bool = False, say: Callable[[str], None] | None = None
-        ) -> dict[int, list[dict]]:
+        sizes: list[int], shards: list[int], work: Path, plan: Plan = Plan(),
+        say: Callable[[str], None] | None = None) -> dict[int, list[dict]]:
     """Every size at every shard count, smallest first: {shards: [figures per size]}."""
     tell = say or (lambda _: None)
     out: dict[int, list[dict]] = {}
@@ -270,10 +301,9 @@ def run(engine: Engine, settings: Settings, inputs: Inputs, generator: Generator
             index = settings.index.model_copy(update={
                 "name": f"{settings.index.name}-scale-{size}-{count}", "shards": count})
             at = settings.model_copy(update={"index": index})
-            row = measure(engine, at, inputs, corpus, proposals, repeat,
+            row = measure(engine, at, inputs, corpus, proposals, plan,
                           lambda step, size=size, count=count:
-                          tell(f"{size:,} documents, {count} shard(s): {step}"),
-                          force_merge=force_merge)
+                          tell(f"{size:,} documents, {count} shard(s): {step}"))
             out.setdefault(count, []).append(row)
         for path in (corpus, proposals):
             path.unlink()
@@ -294,8 +324,10 @@ def markdown(by_shards: dict[int, list[dict]], asked: list[int]) -> str:
         lines += [f"\n{shards} shard(s)\n", "| step | " + " | ".join(head) + " | slope |",
                   "|---" * (len(cols) + 2) + "|"]
         for key, label, unit in FIGURES:
-            cells = [f"{r[key]:.2f} {unit}" if unit == "ms" else f"{r[key]:.1f} {unit}"
-                     for r in cols]
+            if not any(key in r for r in rows):  # a step this run left out
+                continue
+            cells = ["—" if key not in r else f"{r[key]:.2f} {unit}" if unit == "ms"
+                     else f"{r[key]:.1f} {unit}" for r in cols]
             lines.append(f"| {label} | " + " | ".join(cells)
                          + f" | {grow.get(key, float('nan')):.2f} |")
         rows_only = [(r, f"{r['documents']:,}") for r in rows]
@@ -311,10 +343,12 @@ def markdown(by_shards: dict[int, list[dict]], asked: list[int]) -> str:
                        f"({1000 * r['df_requests'] / max(1, r['candidate_terms']):.2f} per 1,000)"),
             ("DF: ms per 1,000 terms, bounded / aggregations",
              lambda r: f"{1e6 * r['df_s'] / max(1, r['candidate_terms']):.0f} / "
-                       f"{1e6 * r['df_exact_s'] / max(1, r['candidate_terms']):.0f}"),
+                       + (f"{1e6 * r['df_exact_s'] / max(1, r['candidate_terms']):.0f}"
+                          if "df_exact_s" in r else "—")),
             ("term table peak memory (client)", lambda r: f"{r['df_peak_mb']:.0f} MB"),
-            ("cap (rank policy); same as from exact DFs", lambda r: f"{r['cap']}; "
-             + ("yes" if r["same_cap"] else "NO")),
+            ("cap (rank policy); same as from exact DFs", _rank_cap),
+            ("validation cap (plain only)", lambda r: f"{r['cap']:,}" if "apply_s" not in r
+             else "—"),
             ("index size", lambda r: f"{r['index_mb']:,.0f} MB"),
             ("searched: segments / deleted copies",
              lambda r: f"{r['searched_segments']} / {r['searched_deleted_docs']:,}"),
@@ -323,8 +357,24 @@ def markdown(by_shards: dict[int, list[dict]], asked: list[int]) -> str:
              f"{r['literal_p95_ms']:.2f} / {r['two_p95_ms']:.2f} ms"),
             ("(validation + two-clause) ÷ plain", lambda r: f"{r['expanded_vs_plain']:.2f}x"),
         ]:
-            lines.append(f"| {label} | " + " | ".join(cell(r) for r, _ in rows_only) + " |")
+            cells = [_or_dash(cell, r) for r, _ in rows_only]
+            if any(c != "—" for c in cells):
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _rank_cap(row: dict) -> str:
+    if "apply_s" not in row:
+        raise KeyError("apply_s")  # a plain-only build has no rank cap
+    return f"{row['cap']}; " + {True: "yes", False: "NO"}.get(row.get("same_cap"),
+                                                              "not compared")
+
+
+def _or_dash(cell: Callable[[dict], str], row: dict) -> str:
+    try:
+        return cell(row)
+    except KeyError:  # a step this run left out
+        return "—"
 
 
 def _df_used(row: dict) -> float:
