@@ -71,10 +71,10 @@ class IndexSettings(RedactedRepr, BaseModel):
     # Longest proposed phrase, in words (the prompt asks for 1..max_ngram), and the longest
     # part of a sketch phrase that validation looks up (max_n); 1..3.
     max_ngram: int = Field(default=3, ge=1, le=3)
-    # Index two-word phrases of the enriched field as terms of their own (index_phrases):
-    # sketch validation then counts them from the term dictionary, a cost that does not grow
-    # with the collection; indexing takes about 2x as long and the index 1.5x the space
-    # (measured at 1M documents, README: Scale). New indices only; recorded in _meta.
+    # Index two-word phrases of the text and enriched fields as terms of their own
+    # (index_phrases): sketch validation and apply's DF statistics then count one and two
+    # words from the term dictionary, a cost that does not grow with the collection, at the
+    # price of indexing time and space (README: Scale). New indices only; recorded in _meta.
     phrase_terms: bool = False
 
 

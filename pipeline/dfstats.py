@@ -26,6 +26,7 @@ The filter policies built on them are in ``pipeline.policies``.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 
 from pipeline.config import DfBasis
 from pipeline.engine import Engine
@@ -71,14 +72,15 @@ def document_frequencies(
 
 def bounded_frequencies(engine: Engine, index: str, terms: dict[str, str], bound: int,
                         fields: list[str], basis: DfBasis = "text", batch: int = 200, *,
-                        phrase_terms: bool = False) -> dict[str, int]:
+                        pair_fields: Collection[str] = ()) -> dict[str, int]:
     """min(DF, ``bound``) of each term ``{norm: surface text}`` under ``basis`` (a phrase on
     ``fields`` for its text part), from count-only searches (``_counts``) in one ``_msearch``
     per ``batch`` of them. Exact on any number of shards: a shard that stopped at the bound
     brings the sum to at least ``bound``; where none stopped, every shard's count is whole.
-    ``phrase_terms``: the field indexes two-word phrases as terms (``index_phrases``)."""
+    ``pair_fields``: the fields that index two-word phrases as terms (``index_phrases``)."""
+    pairs = len(fields) == 1 and fields[0] in pair_fields
     searches = [(norm, body) for norm, text in terms.items()
-                for body in _counts(text, norm, bound, basis, fields, phrase_terms)]
+                for body in _counts(text, norm, bound, basis, fields, pairs)]
     out = dict.fromkeys(terms, 0)
     for start in range(0, len(searches), batch):
         chunk = searches[start:start + batch]
@@ -89,14 +91,14 @@ def bounded_frequencies(engine: Engine, index: str, terms: dict[str, str], bound
 
 
 def _counts(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str],
-            phrase_terms: bool = False) -> list[dict]:
+            pairs: bool = False) -> list[dict]:
     """Count-only searches whose totals add up to the term's DF, each either whole or
     stopping on each shard after ``bound`` matches (``terminate_after``). A term query is
     counted whole: the engine counts it from its term dictionary (Lucene's count shortcut, in
     each segment without deletions) where ``terminate_after`` would turn that off and walk its
     postings, up to a third of the collection under the rank policy's cap. That is a proposed
     term (a keyword), or one ASCII word looked for in one field (two, where the field indexes
-    two-word phrases as terms: ``phrase_terms``); under the ``both`` basis such
+    two-word phrases as terms: ``pairs``); under the ``both`` basis such
     a word is its text count plus the documents it was proposed for without it in the text (a
     walk of its proposals' postings, stopping at the bound). A phrase, a word the analyzer may
     split (hyphens, other scripts) or several fields: one search that stops at the bound."""
@@ -105,7 +107,7 @@ def _counts(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str],
         return body | {"terminate_after": bound} if stop else body
 
     words = text.split()
-    one_term = len(fields) == 1 and 0 < len(words) <= (2 if phrase_terms else 1) and all(
+    one_term = len(fields) == 1 and 0 < len(words) <= (2 if pairs else 1) and all(
         w.isascii() and w.isalnum() for w in words)
     if basis == "proposals" or (one_term and basis == "text"):
         return [count(_clause(text, norm, basis, fields), stop=False)]
@@ -123,19 +125,21 @@ BOUND_STEP = 8  # and how much higher it counts the terms that reached the bound
 
 def top_frequencies(engine: Engine, index: str, terms: dict[str, str], k: int,
                     basis: DfBasis, fields: list[str], batch: int = COUNTS_BATCH,
-                    first: int = FIRST_BOUND, step: int = BOUND_STEP) -> dict[str, int]:
+                    first: int = FIRST_BOUND, step: int = BOUND_STEP, *,
+                    pair_fields: Collection[str] = ()) -> dict[str, int]:
     """Counts of each term from which the ``k``-th largest DF is exact (what the rank policy
     needs), with a cost per term that does not grow with the collection: every term counted
     up to FIRST_BOUND; while at least k terms (all of them, if fewer) reach the bound, those
     counted again with a bound BOUND_STEP times higher. A term below the last bound has its
     exact DF; one that reached it (fewer than k do) has min(DF, bound), above all others."""
-    bound = FIRST_BOUND
-    counts = bounded_frequencies(engine, index, terms, bound, fields, basis, batch)
+    bound = first
+    counts = bounded_frequencies(engine, index, terms, bound, fields, basis, batch,
+                                 pair_fields=pair_fields)
     reached = [norm for norm, df in counts.items() if df >= bound]
     while reached and len(reached) >= min(k, len(counts)):
         bound *= step
         counts |= bounded_frequencies(engine, index, {n: terms[n] for n in reached}, bound,
-                                      fields, basis, batch)
+                                      fields, basis, batch, pair_fields=pair_fields)
         reached = [norm for norm in reached if counts[norm] >= bound]
     return counts
 

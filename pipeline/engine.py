@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from pipeline.config import EngineKind, EngineSettings, IndexSettings, redact_url
-from pipeline.schema import PHRASE_TERMS_META
+from pipeline.schema import ENRICHED_FIELD, PHRASE_TERMS_META, TEXT_FIELD
 
 RETRY_ON_STATUS = (429, 502, 503, 504)
 
@@ -302,8 +302,10 @@ class Engine:
         body["mappings"]["properties"]["sira"] = sira_mapping(
             {"analyzer": "sira_english", "similarity": "sira_bm25", "copy_to": ["enriched"]})
         if index.phrase_terms:
-            body["mappings"]["properties"]["enriched"]["index_phrases"] = True
-            body["mappings"]["_meta"] = {PHRASE_TERMS_META: True}
+            pair_fields = [TEXT_FIELD, ENRICHED_FIELD]
+            for name in pair_fields:
+                body["mappings"]["properties"][name]["index_phrases"] = True
+            body["mappings"]["_meta"] = {PHRASE_TERMS_META: pair_fields}
         return body
 
     def create_index(self, index: IndexSettings, *, recreate: bool = False) -> bool:

@@ -413,7 +413,8 @@ def term_table(engine: Engine, index: str, basis: DfBasis,
         for t in stored_terms(source):
             surfaces.setdefault(t["norm"], t["text"])
     n_docs = engine.count(index)
-    fields = Layout.of(engine.get_meta(index)).phrase_fields(enriched=False)
+    layout = Layout.of(engine.get_meta(index))
+    fields = layout.phrase_fields(enriched=False)
     if basis == "proposals":
         counts = dfstats.proposal_frequencies(engine, index)
         return TermTable(n_docs, {norm: counts.get(norm, 0) for norm in surfaces}, basis)
@@ -424,9 +425,11 @@ def term_table(engine: Engine, index: str, basis: DfBasis,
     if not policy.needs_statistics():  # the cap follows from the collection's size alone
         cap = policy.cap(n_docs, [])
         df = {} if cap is None else dfstats.bounded_frequencies(
-            engine, index, surfaces, cap + 1, fields, basis, batch=dfstats.COUNTS_BATCH)
+            engine, index, surfaces, cap + 1, fields, basis, batch=dfstats.COUNTS_BATCH,
+            pair_fields=layout.pair_fields)
     elif isinstance(policy, policies.Rank):
-        df = dfstats.top_frequencies(engine, index, surfaces, policy.rank_k, basis, fields)
+        df = dfstats.top_frequencies(engine, index, surfaces, policy.rank_k, basis, fields,
+                                     pair_fields=layout.pair_fields)
     else:
         raise ValueError(f"no bounded statistics for the {policy.kind} policy")
     return TermTable(n_docs, df, basis, bounded=True)

@@ -22,7 +22,7 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -186,7 +186,7 @@ class Validation(NamedTuple):
 
 def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None, max_n: int,
              fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS),
-             max_sketch_terms: int | None = None, *, phrase_terms: bool = False
+             max_sketch_terms: int | None = None, *, pair_fields: Collection[str] = ()
              ) -> Validation:
     """Keep a phrase when some 1..max_n-word part of it has 0 < DF <= cap in ``fields``
     (default: the enriched index); one ``_msearch`` for all the parts of all the phrases, each
@@ -194,15 +194,15 @@ def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None
     ``max_sketch_terms``: at most this many distinct analysed terms take part — whole phrases
     in the sketch's order, a phrase that would go over is dropped (each term is one clause
     of the search, and clauses are what it costs; RM3's "expansion terms" in effect).
-    ``phrase_terms``: ``fields`` index two-word phrases as terms (``IndexSettings``)."""
+    ``pair_fields``: the fields that index two-word phrases as terms (``Layout``)."""
     return validate_many(engine, index, {"": phrases}, cap, max_n, fields,
-                         max_sketch_terms, phrase_terms=phrase_terms)[""]
+                         max_sketch_terms, pair_fields=pair_fields)[""]
 
 
 def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]],
                   cap: int | None, max_n: int,
                   fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS),
-                  max_sketch_terms: int | None = None, *, phrase_terms: bool = False
+                  max_sketch_terms: int | None = None, *, pair_fields: Collection[str] = ()
                   ) -> dict[str, Validation]:
     """``validate`` for many sketches at once (the bench: every query of a collection), with
     one batched ``_analyze`` and one DF lookup for the parts of all of them, sent at once
@@ -213,7 +213,7 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
     analysed = _BESIDE.submit(terms.normalize, engine, index, [phrase for _, phrase in flat])
     # 0, at most the cap, or over it is all a decision needs: counted up to cap + 1
     df = dfstats.bounded_frequencies(engine, index, candidates, 1 if cap is None else cap + 1,
-                                     list(fields), phrase_terms=phrase_terms)
+                                     list(fields), pair_fields=pair_fields)
     norms = analysed.result()
     unique: dict[str, dict[str, str]] = {key: {} for key in sketches}  # phrase -> analysed
     out = {key: Validation([], [], {}) for key in sketches}
@@ -356,7 +356,7 @@ def search(
         result.expansion, result.dropped, searched = validate(
             engine, index, sketch, result.cap, profile.max_n, layout.phrase_fields(True),
             max_sketch_terms=profile.max_sketch_terms,
-            phrase_terms=layout.phrase_terms)
+            pair_fields=layout.pair_fields)
         if not result.expansion:
             result.expansion_note = "no sketch term passed validation"
     elif expand and result.expansion_note is None:

@@ -36,8 +36,9 @@ ENRICHED_FIELD = "enriched"  # title + text + both enrichment classes as one fie
 OWN_TEMPLATE = "sira-two-clause"
 
 ATTACH_META = "sira_attach"  # in an attached index's _meta: what `sira attach` recorded
-# in an own-layout index's _meta: its enriched field indexes two-word phrases as terms
-# (IndexSettings.phrase_terms: index_phrases)
+# in an own-layout index's _meta: the fields that index two-word phrases as terms
+# (IndexSettings.phrase_terms: index_phrases); ``true`` in an index made before the text
+# field had them too: the enriched field alone
 PHRASE_TERMS_META = "sira_phrase_terms"
 
 
@@ -46,22 +47,25 @@ class Layout:
     """Where an index keeps a document's text. ``fields``: what the model reads and what the
     change hash covers (several: the first plays the title); ``text_fields``: the text as it
     is searched; ``enriched_field``: one field with the text and both enrichment classes,
-    where the layout has one (the own layout, by copy_to); ``phrase_terms``: that field
-    indexes two-word phrases as terms, so validation counts them from the term dictionary."""
+    where the layout has one (the own layout, by copy_to); ``pair_fields``: the fields that
+    index two-word phrases as terms, so DF counts take them from the term dictionary."""
 
     fields: tuple[str, ...] = ("title", "text")
     text_fields: tuple[str, ...] = (TEXT_FIELD,)
     enriched_field: str | None = ENRICHED_FIELD
     template_id: str = OWN_TEMPLATE
     attached: bool = False
-    phrase_terms: bool = False
+    pair_fields: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, meta: dict) -> Layout:
         """The layout of an index, given its ``_meta``."""
         attached = meta.get(ATTACH_META)
         if not attached:
-            return cls(phrase_terms=True) if meta.get(PHRASE_TERMS_META) else OWN
+            pairs = meta.get(PHRASE_TERMS_META)
+            if not pairs:
+                return OWN
+            return cls(pair_fields=(ENRICHED_FIELD,) if pairs is True else tuple(pairs))
         fields = tuple(attached["fields"])
         return cls(fields, fields, None, attached["template"], True)
 

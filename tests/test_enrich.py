@@ -203,36 +203,61 @@ def test_df_is_exact_on_a_multi_shard_index(cluster: Engine, index_settings: Ind
 
 def test_phrase_terms_count_two_words_whole_and_exact(cluster: Engine,
                                                      index_settings: IndexSettings) -> None:
-    """An index made with phrase_terms indexes two-word phrases of the enriched field as terms
-    (index_phrases, said in _meta); its counts of one and two words go whole (the term
-    dictionary) and are exact on 3 shards — the counts of the same phrases by position in the
-    same documents indexed without it — with stopwords and words the analyzer splits."""
+    """An index made with phrase_terms indexes two-word phrases of the text and enriched
+    fields as terms (index_phrases, said in _meta); its counts of one and two words go whole
+    (the term dictionary) and are exact on 3 shards, under every DF basis — the counts of the
+    same phrases by position in the same documents and proposals indexed without it — with
+    stopwords and words the analyzer splits; apply's bounded term table is the same too."""
     index = index_settings.model_copy(update={"shards": 3, "replicas": 1, "phrase_terms": True})
     plain = index_settings.model_copy(update={"name": f"{index_settings.name}-plain"})
     cluster.create_index(index)
     cluster.create_index(plain)
     try:
-        assert cluster.get_mapping(index.name)["properties"]["enriched"]["index_phrases"]
-        assert cluster.get_meta(index.name)[PHRASE_TERMS_META] is True
+        mapping = cluster.get_mapping(index.name)["properties"]
+        assert mapping["contents"]["index_phrases"] and mapping["enriched"]["index_phrases"]
+        assert cluster.get_meta(index.name)[PHRASE_TERMS_META] == ["contents", "enriched"]
         assert PHRASE_TERMS_META not in cluster.get_meta(plain.name)
-        assert Layout.of(cluster.get_meta(index.name)).phrase_terms
-        assert not Layout.of(cluster.get_meta(plain.name)).phrase_terms
+        assert Layout.of(cluster.get_meta(index.name)).pair_fields == ("contents", "enriched")
+        assert not Layout.of(cluster.get_meta(plain.name)).pair_fields
+        # an index made when the setting covered the enriched field alone said so with true
+        assert Layout.of({PHRASE_TERMS_META: True}).pair_fields == ("enriched",)
         rng = random.Random(5)
         vocab = ["alpha", "bravo", "charlie", "delta", "of", "the", "x-ray"]
         docs = [(f"d{i}", f"doc {i}", " ".join(rng.choice(vocab) for _ in range(5)))
                 for i in range(150)]
-        for name in (index.name, plain.name):
-            load(cluster, name, docs)
-            cluster.refresh(name)
         parts = ["alpha", "bravo charlie", "alpha of", "of the", "delta alpha", "x-ray alpha",
                  "charlie of delta", "alpha alpha", "doc alpha", "zulu", "bravo zulu"]
+        # proposed for some documents whether or not their text has them (zulu never does)
+        proposals = {d: rng.sample(parts, 2) for d, _, _ in docs[::3]}
+        for name in (index.name, plain.name):
+            load(cluster, name, docs)
+            sources = cluster.mget(name, list(proposals), source=OWN.read())
+            enrich.store_proposals(cluster, name, proposals, sources, model="m",
+                                   prompt_version="p", stance="new+key")
+            cluster.refresh(name)
         truth = {p: cluster.count(plain.name, {"match_phrase": {"enriched": p}}) for p in parts}
         assert 0 < truth["bravo charlie"] < truth["alpha"] and truth["zulu"] == 0
+        surfaces = dict(zip(terms.normalize(cluster, index.name, parts), parts, strict=True))
         for bound in (1, 5, 40, 1000):
             got = dfstats.bounded_frequencies(cluster, index.name, {p: p for p in parts}, bound,
                                               dfstats.ENRICHED_FIELDS, batch=4,
-                                              phrase_terms=True)
+                                              pair_fields=("enriched",))
             assert got == {p: min(df, bound) for p, df in truth.items()}, bound
+            want = {basis: dfstats.bounded_frequencies(cluster, plain.name, surfaces, bound,
+                                                       dfstats.TEXT_FIELDS, basis)
+                    for basis in ("text", "both", "proposals")}
+            zulu = next(n for n, p in surfaces.items() if p == "zulu")
+            assert want["text"][zulu] == 0 < want["both"][zulu]  # proposed, never in a text
+            for basis, counts in want.items():  # apply's counts, on the text field
+                got = dfstats.bounded_frequencies(cluster, index.name, surfaces, bound,
+                                                  dfstats.TEXT_FIELDS, basis, batch=4,
+                                                  pair_fields=("contents",))
+                assert got == counts, (basis, bound)
+        for basis in ("text", "both"):
+            for policy in (policies.Rank(2), policies.Absolute(20)):
+                got = enrich.term_table(cluster, index.name, basis, policy, bounded_from=0)
+                want = enrich.term_table(cluster, plain.name, basis, policy, bounded_from=0)
+                assert got.bounded and got.df == want.df, (basis, policy)
     finally:
         cluster.delete_index(index.name)
         cluster.delete_index(plain.name)

@@ -199,11 +199,11 @@ def _settled(engine: Engine, index: str, plan: Plan, say: Callable[[str], None])
 
 def _searches(engine: Engine, index: str, inputs: Inputs, cap: int | None, repeat: int
               ) -> dict:
-    pairs = Layout.of(engine.get_meta(index)).phrase_terms
+    pairs = Layout.of(engine.get_meta(index)).pair_fields
     # warm up on other phrases (the queries' own words), then each sketch once, as a search
     # validates it: a user's first validation of it
     for text in list(inputs.queries.values())[:50]:
-        query.validate(engine, index, text.split()[:10], cap, DEFAULT_MAX_N, phrase_terms=pairs)
+        query.validate(engine, index, text.split()[:10], cap, DEFAULT_MAX_N, pair_fields=pairs)
     # the shard request cache keeps size-0 results (the counts) until the next refresh: what
     # the warm-up counted would read as free
     engine.clear_request_cache(index)
@@ -211,7 +211,7 @@ def _searches(engine: Engine, index: str, inputs: Inputs, cap: int | None, repea
     for qid in inputs.queries:
         started = time.perf_counter()
         validated[qid] = query.validate(engine, index, inputs.sketches.get(qid, []), cap,
-                                        DEFAULT_MAX_N, phrase_terms=pairs)
+                                        DEFAULT_MAX_N, pair_fields=pairs)
         validate_ms.append((time.perf_counter() - started) * 1000)
     kinds = {"plain": lambda text, _: query.build_query(text, classes="none"),
              "literal": lambda text, _: query.build_query(text),
