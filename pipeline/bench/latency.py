@@ -12,6 +12,7 @@ from pipeline.bench.run import Applier, Runner
 from pipeline.config import Settings
 from pipeline.engine import Engine
 from pipeline.profile import DEFAULT_MAX_N, DEFAULT_W, Profile
+from pipeline.schema import Layout
 
 LATENCY_QUERIES = ("bm25", "literal", "two-clause")
 PHRASES = "two-clause, phrases"  # the template given sketch phrases, where it can be rendered
@@ -38,13 +39,16 @@ def latency(engine: Engine, settings: Settings, queries: dict[str, str],
         # warm the engine up on other phrases (the queries' own words) first: a cold first
         # pass reads three times a warm one; each sketch is then timed once, never a cached
         # repeat of itself
+        pairs = Layout.of(engine.get_meta(runner.index)).pair_fields
         for text in list(queries.values())[:50]:
-            query.validate(engine, runner.index, text.split()[:10], cap, max_n)
+            query.validate(engine, runner.index, text.split()[:10], cap, max_n,
+                           pair_fields=pairs)
         validate_ms, validated = [], {}
         for qid in queries:  # as a search validates its sketch: one query at a time
             started = time.perf_counter()
             validated[qid] = query.validate(engine, runner.index, sketches.get(qid, []), cap,
-                                            max_n, max_sketch_terms=max_sketch_terms)
+                                            max_n, max_sketch_terms=max_sketch_terms,
+                                            pair_fields=pairs)
             validate_ms.append((time.perf_counter() - started) * 1000)
         out["validation_ms"] = _stats(validate_ms)
         out["expansion_phrases"] = float(np.mean([len(v.kept) for v in validated.values()]))

@@ -11,6 +11,7 @@ from pipeline.bench.measures import DEPTH, Run
 from pipeline.config import Settings
 from pipeline.engine import Engine, SearchRefused
 from pipeline.profile import DEFAULT_MAX_N, DEFAULT_W, Classes
+from pipeline.schema import Layout
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Runner:
             fields = dfstats.ENRICHED_FIELDS if enriched else dfstats.TEXT_FIELDS
             self._validated[setting] = query.validate_many(
                 self.engine, self.index, self.sketches, cap, max_n, fields,
-                self.max_sketch_terms)
+                self.max_sketch_terms,
+                pair_fields=Layout.of(self.engine.get_meta(self.index)).pair_fields)
         return self._validated[setting].get(qid, query.Validation([], [], {}))
 
     def run(self, config: Config, queries: dict[str, str], *, w: float = DEFAULT_W,
