@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection
+from itertools import islice
 
 from pipeline.config import DfBasis
 from pipeline.engine import Engine
@@ -38,6 +39,8 @@ TEXT_FIELDS = [TEXT_FIELD]
 ENRICHED_FIELDS = [ENRICHED_FIELD]
 BATCH = 500  # candidates per filters aggregation request
 COUNTS_BATCH = 1000  # counts per _msearch request when apply counts for a policy
+FIRST_BOUND = 64  # where apply's counts start
+BOUND_STEP = 8  # and how much higher top_frequencies counts the terms that reached the bound
 
 
 def _clause(text: str, norm: str, basis: DfBasis, fields: list[str]) -> dict:
@@ -78,20 +81,53 @@ def bounded_frequencies(engine: Engine, index: str, terms: dict[str, str], bound
     per ``batch`` of them. Exact on any number of shards: a shard that stopped at the bound
     brings the sum to at least ``bound``; where none stopped, every shard's count is whole.
     ``pair_fields``: the fields that index two-word phrases as terms (``index_phrases``)."""
+    counts, _ = _bounded(engine, index, terms, bound, fields, basis, batch, pair_fields)
+    return {norm: min(df, bound) for norm, df in counts.items()}
+
+
+def capped_frequencies(engine: Engine, index: str, terms: dict[str, str], bound: int,
+                       fields: list[str], basis: DfBasis, batch: int = COUNTS_BATCH, *,
+                       pair_fields: Collection[str] = ()) -> dict[str, int]:
+    """min(DF, ``bound``) of each term, as ``bounded_frequencies``, in two rounds where the
+    bound is high (apply under a cap known beforehand): every term counted up to
+    FIRST_BOUND, one search each, then the few that reached it up to ``bound``, whole where
+    the engine counts them whole. Sketch validation, which waits for its counts, takes one
+    round instead."""
+    first = min(bound, FIRST_BOUND)
+    counts, _ = _bounded(engine, index, terms, first, fields, basis, batch, pair_fields,
+                         whole=False)
+    if first < bound:
+        reached = {n: terms[n] for n, df in counts.items() if df >= first}
+        counts |= _bounded(engine, index, reached, bound, fields, basis, batch,
+                           pair_fields)[0]
+    return {norm: min(df, bound) for norm, df in counts.items()}
+
+
+def _bounded(engine: Engine, index: str, terms: dict[str, str], bound: int, fields: list[str],
+             basis: DfBasis, batch: int, pair_fields: Collection[str], whole: bool = True,
+             ) -> tuple[dict[str, int], set[str]]:
+    """Each term's count, and the terms whose count stopped at the bound on some shard
+    (``terminated_early``: at least ``bound``, the DF unknown past it); the others' counts
+    are their whole DF, above the bound too where the engine counted a term whole.
+    ``whole``: count whole what the engine counts from its term dictionary (else one search
+    per term, each stopping at the bound: cheaper while the bound is low)."""
     pairs = len(fields) == 1 and fields[0] in pair_fields
-    searches = [(norm, body) for norm, text in terms.items()
-                for body in _counts(text, norm, bound, basis, fields, pairs)]
+    # made a batch at a time: the client holds one batch of search bodies, not every one
+    searches = ((norm, body) for norm, text in terms.items()
+                for body in _counts(text, norm, bound, basis, fields, pairs, whole))
     out = dict.fromkeys(terms, 0)
-    for start in range(0, len(searches), batch):
-        chunk = searches[start:start + batch]
+    stopped: set[str] = set()
+    while chunk := list(islice(searches, batch)):
         responses = engine.msearch(index, [body for _, body in chunk])
         for (norm, _), response in zip(chunk, responses, strict=True):
             out[norm] += int(response["hits"]["total"]["value"])
-    return {norm: min(df, bound) for norm, df in out.items()}
+            if response.get("terminated_early"):
+                stopped.add(norm)
+    return out, stopped
 
 
 def _counts(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str],
-            pairs: bool = False) -> list[dict]:
+            pairs: bool = False, whole: bool = True) -> list[dict]:
     """Count-only searches whose totals add up to the term's DF, each either whole or
     stopping on each shard after ``bound`` matches (``terminate_after``). A term query is
     counted whole: the engine counts it from its term dictionary (Lucene's count shortcut, in
@@ -101,15 +137,16 @@ def _counts(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str],
     two-word phrases as terms: ``pairs``); under the ``both`` basis such
     a word is its text count plus the documents it was proposed for without it in the text (a
     walk of its proposals' postings, stopping at the bound). A phrase, a word the analyzer may
-    split (hyphens, other scripts) or several fields: one search that stops at the bound."""
+    split (hyphens, other scripts) or several fields, or anything when not ``whole``: one
+    search that stops at the bound."""
     def count(query: dict, stop: bool) -> dict:
         body = {"size": 0, "track_total_hits": True, "query": query}
         return body | {"terminate_after": bound} if stop else body
 
     words = text.split()
-    one_term = len(fields) == 1 and 0 < len(words) <= (2 if pairs else 1) and all(
+    one_term = whole and len(fields) == 1 and 0 < len(words) <= (2 if pairs else 1) and all(
         w.isascii() and w.isalnum() for w in words)
-    if basis == "proposals" or (one_term and basis == "text"):
+    if (basis == "proposals" and whole) or (one_term and basis == "text"):
         return [count(_clause(text, norm, basis, fields), stop=False)]
     if one_term and basis == "both":
         in_text = _clause(text, norm, "text", fields)
@@ -119,29 +156,40 @@ def _counts(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str],
     return [count(_clause(text, norm, basis, fields), stop=True)]
 
 
-FIRST_BOUND = 64  # where top_frequencies starts counting
-BOUND_STEP = 8  # and how much higher it counts the terms that reached the bound, each round
-
-
 def top_frequencies(engine: Engine, index: str, terms: dict[str, str], k: int,
                     basis: DfBasis, fields: list[str], batch: int = COUNTS_BATCH,
                     first: int = FIRST_BOUND, step: int = BOUND_STEP, *,
                     pair_fields: Collection[str] = ()) -> dict[str, int]:
     """Counts of each term from which the ``k``-th largest DF is exact (what the rank policy
     needs), with a cost per term that does not grow with the collection: every term counted
-    up to FIRST_BOUND; while at least k terms (all of them, if fewer) reach the bound, those
-    counted again with a bound BOUND_STEP times higher. A term below the last bound has its
-    exact DF; one that reached it (fewer than k do) has min(DF, bound), above all others."""
+    up to FIRST_BOUND, one search each; while the k-th largest DF or a stopped term's place
+    against it is unknown, the terms that stopped counted again with a bound BOUND_STEP times
+    higher, whole where the engine counts them whole (``_counts``): most terms are rare, so
+    a count that stops early costs them least, and under the ``both`` basis a whole count
+    takes two searches. A term that never stopped has its exact DF; one that stopped has a
+    count at or above the k-th largest DF, so the same decision as its DF under the cap that
+    follows (``policies.Rank``)."""
     bound = first
-    counts = bounded_frequencies(engine, index, terms, bound, fields, basis, batch,
-                                 pair_fields=pair_fields)
-    reached = [norm for norm, df in counts.items() if df >= bound]
-    while reached and len(reached) >= min(k, len(counts)):
+    counts, stopped = _bounded(engine, index, terms, bound, fields, basis, batch, pair_fields,
+                               whole=False)
+    while stopped and not _kth_known(counts, stopped, k):
         bound *= step
-        counts |= bounded_frequencies(engine, index, {n: terms[n] for n in reached}, bound,
-                                      fields, basis, batch, pair_fields=pair_fields)
-        reached = [norm for norm in reached if counts[norm] >= bound]
+        again, stopped = _bounded(engine, index, {n: terms[n] for n in stopped}, bound,
+                                  fields, basis, batch, pair_fields)
+        counts |= again
     return counts
+
+
+def _kth_known(counts: dict[str, int], stopped: set[str], k: int) -> bool:
+    """Whether the k-th largest DF is exact, and every stopped term (DF at least its count)
+    is at or above it, whatever the stopped terms' DFs are."""
+    if k <= 0:  # no cap: no term's DF decides anything
+        return True
+    rank = min(k, len(counts)) - 1
+    low = sorted(counts.values(), reverse=True)[rank]  # the stopped terms at their counts
+    high = sorted((float("inf") if n in stopped else df for n, df in counts.items()),
+                  reverse=True)[rank]  # and past any count
+    return low == high and all(counts[n] >= low for n in stopped)
 
 
 def proposal_frequencies(engine: Engine, index: str, page: int = 1000) -> Counter[str]:

@@ -424,9 +424,8 @@ def term_table(engine: Engine, index: str, basis: DfBasis,
             engine, index, surfaces, basis, fields=fields), basis)
     if not policy.needs_statistics():  # the cap follows from the collection's size alone
         cap = policy.cap(n_docs, [])
-        df = {} if cap is None else dfstats.bounded_frequencies(
-            engine, index, surfaces, cap + 1, fields, basis, batch=dfstats.COUNTS_BATCH,
-            pair_fields=layout.pair_fields)
+        df = {} if cap is None else dfstats.capped_frequencies(
+            engine, index, surfaces, cap + 1, fields, basis, pair_fields=layout.pair_fields)
     elif isinstance(policy, policies.Rank):
         df = dfstats.top_frequencies(engine, index, surfaces, policy.rank_k, basis, fields,
                                      pair_fields=layout.pair_fields)

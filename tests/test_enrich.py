@@ -197,12 +197,16 @@ def test_df_is_exact_on_a_multi_shard_index(cluster: Engine, index_settings: Ind
                                               step=step)
                 want = sorted((exact[n] for n in some), reverse=True)[min(k, len(some)) - 1]
                 assert sorted(top.values(), reverse=True)[min(k, len(top)) - 1] == want, k
+                cap = policies.Rank(k).cap(n, (exact[n] for n in some))
+                assert [policies.keeps(top[t], cap) for t in some] == \
+                    [policies.keeps(exact[t], cap) for t in some], k
     finally:
         cluster.delete_index(index.name)
 
 
 def test_phrase_terms_count_two_words_whole_and_exact(cluster: Engine,
-                                                     index_settings: IndexSettings) -> None:
+                                                     index_settings: IndexSettings,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """An index made with phrase_terms indexes two-word phrases of the text and enriched
     fields as terms (index_phrases, said in _meta); its counts of one and two words go whole
     (the term dictionary) and are exact on 3 shards, under every DF basis — the counts of the
@@ -253,14 +257,85 @@ def test_phrase_terms_count_two_words_whole_and_exact(cluster: Engine,
                                                   dfstats.TEXT_FIELDS, basis, batch=4,
                                                   pair_fields=("contents",))
                 assert got == counts, (basis, bound)
+        n = cluster.count(index.name)
         for basis in ("text", "both"):
-            for policy in (policies.Rank(2), policies.Absolute(20)):
+            exact = enrich.term_table(cluster, plain.name, basis).df
+            for policy in (policies.Rank(1), policies.Rank(2), policies.Rank(5),
+                           policies.Absolute(20)):
                 got = enrich.term_table(cluster, index.name, basis, policy, bounded_from=0)
-                want = enrich.term_table(cluster, plain.name, basis, policy, bounded_from=0)
-                assert got.bounded and got.df == want.df, (basis, policy)
+                cap = policy.cap(n, exact.values())
+                assert got.bounded and policy.cap(n, got.df.values()) == cap, (basis, policy)
+                assert {t: policies.keeps(df, cap) for t, df in got.df.items()} == \
+                    {t: policies.keeps(df, cap) for t, df in exact.items()}, (basis, policy)
+        # two words counted whole: a first round stopping at a low bound, then one whole
+        # count for those that reached it; counted by position, they go round after round
+        whole = {n: p for n, p in surfaces.items()
+                 if p in ("bravo charlie", "delta alpha", "alpha alpha")}
+        text_df = dfstats.document_frequencies(cluster, plain.name, whole, "text")
+        assert len(whole) == 3 and min(text_df.values()) > 2
+        requests: list[str] = []
+        msearch = cluster.msearch
+        monkeypatch.setattr(cluster, "msearch",
+                            lambda name, bodies: requests.append(name) or msearch(name, bodies))
+        top = dfstats.top_frequencies(cluster, index.name, whole, 2, "text",
+                                      dfstats.TEXT_FIELDS, first=2, step=2,
+                                      pair_fields=("contents",))
+        assert top == text_df and len(requests) == 2
+        requests.clear()
+        dfstats.top_frequencies(cluster, plain.name, whole, 2, "text", dfstats.TEXT_FIELDS,
+                                first=2, step=2)
+        assert len(requests) > 2
     finally:
         cluster.delete_index(index.name)
         cluster.delete_index(plain.name)
+
+
+@pytest.mark.parametrize("phrase_terms", [False, True])
+def test_rank_counts_stop_only_where_they_must(engine: Engine, index_settings: IndexSettings,
+                                               phrase_terms: bool) -> None:
+    """On both engines, 3 shards: the rank policy's counts give the exact cap and every
+    term's decision, words counted whole keep their whole DF past the bound (no second
+    round for them), and only counts that stopped at the bound on some shard go again."""
+    index = index_settings.model_copy(update={"shards": 3, "replicas": 0,
+                                              "phrase_terms": phrase_terms})
+    engine.create_index(index)
+    try:
+        rng = random.Random(3)
+        vocab = ["alpha", "bravo", "charlie", "delta", "echo", "golf"]
+        weights = [20, 10, 6, 3, 2, 1]
+        # and two words tied at 50 documents below a phrase in 60: ranked, the phrase is
+        # first, whatever its count so far, and the cap is 50 - 1
+        tied = [(f"t{i}", "tied", "kilo lima mike mike" if i < 50 else "mike mike")
+                for i in range(60)]
+        load(engine, index.name, [(f"d{i}", f"doc {i}",
+                                   " ".join(rng.choices(vocab, weights, k=4)))
+                                  for i in range(120)] + tied)
+        engine.refresh(index.name)
+        phrases = vocab + ["alpha bravo", "bravo alpha", "alpha alpha", "golf echo",
+                           "alpha bravo alpha", "x-ray"]
+        surfaces = dict(zip(terms.normalize(engine, index.name, phrases), phrases, strict=True))
+        exact = dfstats.document_frequencies(engine, index.name, surfaces, "text")
+        pairs = Layout.of(engine.get_meta(index.name)).pair_fields
+        n = engine.count(index.name)
+        three = {"kilo": "kilo", "lima": "lima", "mike mike": "mike mike"}
+        top = dfstats.top_frequencies(engine, index.name, three, 2, "text",
+                                      dfstats.TEXT_FIELDS, first=2, step=2, pair_fields=pairs)
+        assert policies.Rank(2).cap(n, top.values()) == 49 and top["mike mike"] > 49
+        for k in (1, 2, 3, 5, 8, 100):
+            top = dfstats.top_frequencies(engine, index.name, surfaces, k, "text",
+                                          dfstats.TEXT_FIELDS, batch=5, first=2, step=2,
+                                          pair_fields=pairs)
+            cap = policies.Rank(k).cap(n, exact.values())
+            assert policies.Rank(k).cap(n, top.values()) == cap, k
+            assert {t: policies.keeps(df, cap) for t, df in top.items()} == \
+                {t: policies.keeps(df, cap) for t, df in exact.items()}, k
+            whole = [t for t, p in surfaces.items() if " " not in p and "-" not in p]
+            assert all(top[t] == exact[t] for t in whole), k  # whole, past the bound
+        got = dfstats.bounded_frequencies(engine, index.name, surfaces, 2, dfstats.TEXT_FIELDS,
+                                          pair_fields=pairs)
+        assert got == {t: min(df, 2) for t, df in exact.items()}
+    finally:
+        engine.delete_index(index.name)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -43,6 +43,10 @@ def test_counts_stop_at_the_bound_unless_the_term_dictionary_answers() -> None:
     three = dfstats._counts("acute heart attack", "acut heart attack", 51, "text",
                             ["enriched"], True)
     assert three[0]["terminate_after"] == 51
+    # not whole (apply's first, low bound): one search per term, every one stopping
+    for text, basis in [("cell", "both"), ("cell", "text"), ("cell", "proposals")]:
+        bodies = dfstats._counts(text, text, 64, basis, ["contents"], True, whole=False)
+        assert [b.get("terminate_after") for b in bodies] == [64], basis
     only_proposed = dfstats._counts("cell", "cell", 51, "both", ["contents"])[1]["query"]
     assert only_proposed == {"bool": {
         "filter": [{"term": {"sira.proposed_terms": "cell"}}],
