@@ -130,14 +130,14 @@ def _counts(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str],
             pairs: bool = False, whole: bool = True) -> list[dict]:
     """Count-only searches whose totals add up to the term's DF, each either whole or
     stopping on each shard after ``bound`` matches (``terminate_after``). A term query is
-    counted whole: the engine counts it from its term dictionary (Lucene's count shortcut, in
-    each segment without deletions) where ``terminate_after`` would turn that off and walk its
-    postings, up to a third of the collection under the rank policy's cap. That is a proposed
-    term (a keyword), or one ASCII word looked for in one field (two, where the field indexes
-    two-word phrases as terms: ``pairs``); under the ``both`` basis such
-    a word is its text count plus the documents it was proposed for without it in the text (a
-    walk of its proposals' postings, stopping at the bound). A phrase, a word the analyzer may
-    split (hyphens, other scripts) or several fields, or anything when not ``whole``: one
+    counted whole: the engine counts it from its term dictionary (Lucene's count shortcut) in
+    each segment without deletions and walks its postings in the others, and the count is its
+    DF past the bound too, so a term that reached a bound needs no count after it. That is a
+    proposed term (a keyword), or one ASCII word looked for in one field (two, where the field
+    indexes two-word phrases as terms: ``pairs``); under the ``both`` basis such a word is its
+    text count plus the documents it was proposed for without it in the text (a walk of its
+    proposals' postings, stopping at the bound). A phrase, a word the analyzer may split
+    (hyphens, other scripts) or several fields, or anything when not ``whole``: one
     search that stops at the bound."""
     def count(query: dict, stop: bool) -> dict:
         body = {"size": 0, "track_total_hits": True, "query": query}
