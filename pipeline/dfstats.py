@@ -15,9 +15,10 @@ A decision needs less than every DF: whether a term's DF is 0, at most the cap, 
 ``bounded_frequencies`` counts each term with a search that stops on each shard after cap + 1
 matches, or whole where the engine counts it from its term dictionary (one word, a proposed
 term), so its cost does not grow with the collection as a ``filters`` aggregation's does (it
-visits every match of every candidate): sketch validation and ``apply`` under a cap known
-beforehand (ratio, absolute) use it; the rank policy (the K-th largest DF) uses
-``top_frequencies``, which counts higher only the few terms that reach a bound. Exact DFs of
+visits every match of every candidate): sketch validation uses it. ``apply`` counts in
+rounds, every term first with a low bound and then only the few whose count stopped there:
+``capped_frequencies`` under a cap known beforehand (ratio, absolute), ``top_frequencies``
+under the rank policy (the K-th largest DF). Exact DFs of
 every term (``sira stats``, the bench's grid over policies) still come from the aggregations.
 
 The filter policies built on them are in ``pipeline.policies``.
@@ -90,16 +91,15 @@ def capped_frequencies(engine: Engine, index: str, terms: dict[str, str], bound:
                        pair_fields: Collection[str] = ()) -> dict[str, int]:
     """min(DF, ``bound``) of each term, as ``bounded_frequencies``, in two rounds where the
     bound is high (apply under a cap known beforehand): every term counted up to
-    FIRST_BOUND, one search each, then the few that reached it up to ``bound``, whole where
-    the engine counts them whole. Sketch validation, which waits for its counts, takes one
-    round instead."""
+    FIRST_BOUND, one search each, then the few whose count stopped there up to ``bound``,
+    whole where the engine counts them whole. Sketch validation, which waits for its
+    counts, takes one round instead."""
     first = min(bound, FIRST_BOUND)
-    counts, _ = _bounded(engine, index, terms, first, fields, basis, batch, pair_fields,
-                         whole=False)
-    if first < bound:
-        reached = {n: terms[n] for n, df in counts.items() if df >= first}
-        counts |= _bounded(engine, index, reached, bound, fields, basis, batch,
-                           pair_fields)[0]
+    counts, stopped = _bounded(engine, index, terms, first, fields, basis, batch, pair_fields,
+                               whole=False)
+    if first < bound and stopped:
+        counts |= _bounded(engine, index, {n: terms[n] for n in stopped}, bound, fields,
+                           basis, batch, pair_fields)[0]
     return {norm: min(df, bound) for norm, df in counts.items()}
 
 

@@ -294,8 +294,8 @@ def test_phrase_terms_count_two_words_whole_and_exact(cluster: Engine,
 def test_rank_counts_stop_only_where_they_must(engine: Engine, index_settings: IndexSettings,
                                                phrase_terms: bool) -> None:
     """On both engines, 3 shards: the rank policy's counts give the exact cap and every
-    term's decision, words counted whole keep their whole DF past the bound (no second
-    round for them), and only counts that stopped at the bound on some shard go again."""
+    term's decision, words counted whole (after the first round) keep their whole DF past
+    the bound, and only counts that stopped at the bound on some shard go again."""
     index = index_settings.model_copy(update={"shards": 3, "replicas": 0,
                                               "phrase_terms": phrase_terms})
     engine.create_index(index)
