@@ -202,6 +202,9 @@ class _OpenSearch:
             tls = {**tls, "use_ssl": True, "ssl_show_warn": engine.verify_certs}
         else:
             tls = {}
+        # opensearch-py names the client-wide timeout ``timeout``: given ``request_timeout``
+        # it keeps its 10 s default without a word, and resends any request slower than that
+        common = {("timeout" if k == "request_timeout" else k): v for k, v in common.items()}
         return OpenSearch([url], headers=headers, **auth, **tls, **common)
 
     @staticmethod

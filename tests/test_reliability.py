@@ -231,3 +231,54 @@ def test_foreign_server_on_the_port_is_not_taken_for_the_engine(tmp_path: Path) 
     finally:
         foreign.shutdown()
         servers.stop(tmp_path, "squatted")
+
+
+@pytest.mark.parametrize("kind", ["opensearch", "elasticsearch"])
+def test_the_request_timeout_setting_holds_on_both_clients(kind: str) -> None:
+    """SIRA_ENGINE__REQUEST_TIMEOUT is how long a request may take before the client gives
+    up (and retries): an engine slower than it times out, one within it answers once. A
+    stand-in server that answers health after a delay, counting the requests it got."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from pipeline.config import EngineSettings
+
+    seen: list[str] = []
+
+    class Slow(BaseHTTPRequestHandler):
+        delay = 0.0
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            seen.append(self.path)
+            time.sleep(Slow.delay)
+            data = json.dumps({"status": "green", "number_of_nodes": 1}).encode()
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("X-Elastic-Product", "Elasticsearch")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except OSError:  # the client gave up waiting
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    slow = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=slow.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{slow.server_address[1]}"
+    try:
+        Slow.delay = 1.5
+        engine = Engine.connect(EngineSettings(kind=kind, url=url, request_timeout=0.3))
+        with pytest.raises(Exception, match="(?i)time"):
+            engine.health()
+        assert len(seen) == 4, seen  # the request and the client's three retries
+        seen.clear()
+        Slow.delay = 1.0
+        engine = Engine.connect(EngineSettings(kind=kind, url=url, request_timeout=5))
+        assert engine.health()["status"] == "green"
+        assert len(seen) == 1, seen
+    finally:
+        slow.shutdown()
