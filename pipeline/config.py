@@ -58,6 +58,9 @@ class EngineSettings(RedactedRepr, BaseModel):
     ca_file: Path | None = None
     verify_certs: bool = True
     request_timeout: float = 60.0
+    # how long a request the engine answered busy (429) or a proxy could not pass (502-504),
+    # or that timed out, is sent again, with growing waits; 0: sent once
+    retry_s: float = 120.0
 
 
 class IndexSettings(RedactedRepr, BaseModel):

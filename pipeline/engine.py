@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from importlib import resources
@@ -21,11 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
+from tenacity import (
+    RetryCallState,
+    retry,
+    retry_if_exception,
+    retry_if_result,
+    wait_exponential,
+    wait_random,
+)
 
 from pipeline.config import EngineKind, EngineSettings, IndexSettings, redact_url
 from pipeline.schema import ENRICHED_FIELD, PHRASE_TERMS_META, TEXT_FIELD
 
 RETRY_ON_STATUS = (429, 502, 503, 504)
+UNREACHABLE_ATTEMPTS = 4  # an engine that refuses connections: a few quick tries, then an error
 
 
 @cache
@@ -39,10 +48,46 @@ def _unreachable_errors() -> tuple[type[BaseException], ...]:
             elastic_transport.ConnectionError, elastic_transport.ConnectionTimeout)
 
 
+@cache
+def _timeout_errors() -> tuple[type[BaseException], ...]:
+    import elastic_transport
+    import opensearchpy
+
+    return (opensearchpy.ConnectionTimeout, elastic_transport.ConnectionTimeout)
+
+
 def transient_errors() -> tuple[type[BaseException], ...]:
     """Errors after which a whole operation may be tried again later (the engine was
     unreachable)."""
     return (*_unreachable_errors(), OSError)
+
+
+def _with_backoff(send: Callable, retry_s: float) -> Callable:
+    """A transport's ``perform_request`` that sends a request again, after a wait that grows
+    (0.5, 1, 2 ... 30 s, with jitter), while the engine answers busy (429: its write queue or
+    memory is full), a proxy in front of it cannot pass it on (502-504) or it times out, for
+    up to ``retry_s``; a refused connection only a few times, quickly (a wrong URL should
+    fail at once). The clients' own retries go again with no wait, which a busy engine
+    answers busy again."""
+    unreachable = _unreachable_errors()
+
+    def worth_resending(exc: BaseException) -> bool:
+        return isinstance(exc, unreachable) or status_of(exc) in RETRY_ON_STATUS
+
+    def busy(response: Any) -> bool:  # the Elasticsearch client raises for a status later
+        return getattr(getattr(response, "meta", None), "status", None) in RETRY_ON_STATUS
+
+    def stop(state: RetryCallState) -> bool:
+        exc = state.outcome.exception() if state.outcome else None
+        if retry_s <= 0:
+            return True
+        if isinstance(exc, unreachable) and not isinstance(exc, _timeout_errors()):
+            return state.attempt_number >= UNREACHABLE_ATTEMPTS
+        return state.seconds_since_start >= retry_s
+
+    return retry(retry=retry_if_exception(worth_resending) | retry_if_result(busy), stop=stop,
+                 wait=wait_exponential(multiplier=0.5, max=30) + wait_random(0, 0.25),
+                 reraise=True, retry_error_callback=lambda state: state.outcome.result())(send)
 
 
 class EngineUnavailable(RuntimeError):
@@ -249,13 +294,12 @@ class Engine:
         tls: dict[str, Any] = {"verify_certs": engine.verify_certs}
         if engine.ca_file:
             tls["ca_certs"] = str(engine.ca_file)
-        common = {
-            "request_timeout": engine.request_timeout,
-            "retry_on_timeout": True,
-            "max_retries": 3,
-            "retry_on_status": RETRY_ON_STATUS,
-        }
+        # retries are _with_backoff's, not the clients' (theirs do not wait)
+        common = {"request_timeout": engine.request_timeout, "max_retries": 0,
+                  "retry_on_timeout": False, "retry_on_status": ()}
         client = CLIENTS[engine.kind].make(url, engine, password, api_key, tls, common)
+        client.transport.perform_request = _with_backoff(client.transport.perform_request,
+                                                         engine.retry_s)
         return cls(client, engine.kind, url)
 
     def close(self) -> None:
@@ -429,8 +473,9 @@ class Engine:
         ok = 0
         requests = [{k: v for k, v in action.items() if k != "_where"} for action in chunk]
         for success, item in self.vendor.helpers().streaming_bulk(
-            self.client, requests, chunk_size=len(chunk), max_retries=3,
-            initial_backoff=1, raise_on_error=False, raise_on_exception=False,
+            # items the engine refused as busy (429) go again after 1, 2, 4, 8, 16 s
+            self.client, requests, chunk_size=len(chunk), max_retries=5,
+            initial_backoff=1, max_backoff=30, raise_on_error=False, raise_on_exception=False,
         ):
             if success:
                 ok += 1

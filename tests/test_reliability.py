@@ -5,15 +5,18 @@ Against the real engines (both) through the `sira` command line."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from test_cli import engine_env, runner
 
 from pipeline.cli import app
-from pipeline.config import Settings
-from pipeline.engine import Engine
+from pipeline.config import EngineSettings, Settings
+from pipeline.engine import Engine, status_of
 from pipeline.loaders import CorpusError, LoadReport, iter_corpus
 from pipeline.local import servers
 
@@ -233,28 +236,27 @@ def test_foreign_server_on_the_port_is_not_taken_for_the_engine(tmp_path: Path) 
         servers.stop(tmp_path, "squatted")
 
 
-@pytest.mark.parametrize("kind", ["opensearch", "elasticsearch"])
-def test_the_request_timeout_setting_holds_on_both_clients(kind: str) -> None:
-    """SIRA_ENGINE__REQUEST_TIMEOUT is how long a request may take before the client gives
-    up (and retries): an engine slower than it times out, one within it answers once. A
-    stand-in server that answers health after a delay, counting the requests it got."""
+
+@contextmanager
+def stand_in_engine(answer: Callable[[int], tuple[int, float]]) -> Iterator[tuple[str, list]]:
+    """A stand-in engine that answers every request with ``answer(n)`` for the n-th request
+    (from 0): (HTTP status, seconds to wait first), a health body with it. Yields its URL and
+    when each request came (``time.monotonic()``)."""
     import threading
-    import time
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from pipeline.config import EngineSettings
+    seen: list[float] = []
 
-    seen: list[str] = []
-
-    class Slow(BaseHTTPRequestHandler):
-        delay = 0.0
-
+    class StandIn(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            seen.append(self.path)
-            time.sleep(Slow.delay)
-            data = json.dumps({"status": "green", "number_of_nodes": 1}).encode()
+            status, delay = answer(len(seen))
+            seen.append(time.monotonic())
+            time.sleep(delay)
+            data = json.dumps({"status": "green", "number_of_nodes": 1} if status == 200 else
+                              {"error": {"type": "busy", "reason": "busy"}, "status": status}
+                              ).encode()
             try:
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("X-Elastic-Product", "Elasticsearch")
                 self.send_header("Content-Length", str(len(data)))
@@ -266,19 +268,44 @@ def test_the_request_timeout_setting_holds_on_both_clients(kind: str) -> None:
         def log_message(self, *args: object) -> None:
             pass
 
-    slow = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=slow.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{slow.server_address[1]}"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        Slow.delay = 1.5
-        engine = Engine.connect(EngineSettings(kind=kind, url=url, request_timeout=0.3))
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["opensearch", "elasticsearch"])
+def test_the_request_timeout_setting_holds_on_both_clients(kind: str) -> None:
+    """SIRA_ENGINE__REQUEST_TIMEOUT is how long a request may take before the client gives
+    up (and sends it again): an engine slower than it times out, one within it answers once."""
+    with stand_in_engine(lambda n: (200, 1.5)) as (url, seen):
+        engine = Engine.connect(EngineSettings(kind=kind, url=url, request_timeout=0.3,
+                                               retry_s=1))
         with pytest.raises(Exception, match="(?i)time"):
             engine.health()
-        assert len(seen) == 4, seen  # the request and the client's three retries
-        seen.clear()
-        Slow.delay = 1.0
+        assert len(seen) >= 2, seen  # sent again after it timed out
+    with stand_in_engine(lambda n: (200, 1.0)) as (url, seen):
         engine = Engine.connect(EngineSettings(kind=kind, url=url, request_timeout=5))
         assert engine.health()["status"] == "green"
         assert len(seen) == 1, seen
-    finally:
-        slow.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["opensearch", "elasticsearch"])
+def test_a_busy_engine_is_asked_again_after_growing_waits(kind: str) -> None:
+    """An engine that answers 429 (its write queue or memory full) is sent the request again
+    after a wait that grows, until SIRA_ENGINE__RETRY_S has passed: a short spell of pressure
+    costs a bulk load nothing, a long one ends in one error naming the status."""
+    with stand_in_engine(lambda n: (429 if n < 2 else 200, 0)) as (url, seen):
+        engine = Engine.connect(EngineSettings(kind=kind, url=url, retry_s=30))
+        assert engine.health()["status"] == "green"
+        assert len(seen) == 3, seen
+        gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
+        assert min(gaps) >= 0.4 and gaps[1] > gaps[0], gaps  # it waits, longer each time
+    with stand_in_engine(lambda n: (429, 0)) as (url, seen):
+        engine = Engine.connect(EngineSettings(kind=kind, url=url, retry_s=2))
+        with pytest.raises(Exception) as refused:
+            engine.health()
+        assert status_of(refused.value) == 429
+        assert 2 <= len(seen) <= 5, seen  # asked again, with waits between

@@ -22,7 +22,7 @@ import json
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,62 +122,70 @@ class Plan:
 def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
             proposals: Path, plan: Plan, tick: Callable[[str], None] | None = None) -> dict:
     """Every step on one new index (``settings.index``), dropped afterwards."""
+    try:
+        out = _measure(engine, settings, inputs, corpus, proposals, plan, tick)
+    except BaseException:
+        with suppress(Exception):  # the error to show is the first one
+            engine.delete_index(settings.index.name)
+        raise
+    engine.delete_index(settings.index.name)
+    return out
+
+
+def _measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
+             proposals: Path, plan: Plan, tick: Callable[[str], None] | None) -> dict:
     index = settings.index.name
     say = tick or (lambda _: None)
     out: dict = {}
-    try:
-        say("indexing")
-        started = time.perf_counter()
-        indexed = index_corpus(engine, settings, corpus, recreate=True)
-        out["index_s"] = time.perf_counter() - started
-        out["documents"] = indexed.indexed
-        if plan.plain_only:
-            cap = plan.cap if plan.cap is not None else out["documents"] // 3
-            out |= {"cap": cap, "index_mb": engine.size(index) / 2**20}
-            out |= _settled(engine, index, plan, say)
-            say("validation and search")
-            return out | _searches(engine, index, inputs, cap, plan.repeat)
-        say("storing proposals")
-        started = time.perf_counter()
-        imported = batchfiles.import_proposals(engine, settings, proposals)
-        out["import_s"] = time.perf_counter() - started
-        out["proposals_stored"] = imported.stored
-        policy = Profile.from_settings(settings.enrich).filter_policy()
-        engine.refresh(index)
-        # both ways of gathering the DF statistics; apply uses the one enrich.term_table picks
-        # for this many documents per shard
-        say("DF statistics, bounded counts")
-        tracemalloc.start()
-        with counted(engine) as calls:
-            started = time.perf_counter()
-            table = enrich.term_table(engine, index, settings.enrich.df_basis, policy,
-                                      bounded_from=0)
-            out["df_s"] = time.perf_counter() - started
-        out["df_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
-        tracemalloc.stop()
-        out["df_requests"] = calls[0]
-        out["candidate_terms"] = len(table.df)
-        if plan.aggregations:
-            say("DF statistics, aggregations")
-            started = time.perf_counter()
-            exact = enrich.term_table(engine, index, settings.enrich.df_basis)
-            out["df_exact_s"] = time.perf_counter() - started
-            out["same_cap"] = policy.cap(exact.n_docs, exact.df.values()) == \
-                policy.cap(table.n_docs, table.df.values())
-        out["apply_uses"] = "bounded counts" if enrich.counts_bounded(
-            out["documents"], settings.index.shards) else "aggregations"
-        say("enrichment")
-        started = time.perf_counter()
-        applied = enrich.apply(engine, settings, policy, table=table)
-        out["apply_s"] = time.perf_counter() - started
-        out["cap"], out["enriched"] = applied.cap, applied.enriched
-        out["index_mb"] = engine.size(index) / 2**20
+    say("indexing")
+    started = time.perf_counter()
+    indexed = index_corpus(engine, settings, corpus, recreate=True)
+    out["index_s"] = time.perf_counter() - started
+    out["documents"] = indexed.indexed
+    if plan.plain_only:
+        cap = plan.cap if plan.cap is not None else out["documents"] // 3
+        out |= {"cap": cap, "index_mb": engine.size(index) / 2**20}
         out |= _settled(engine, index, plan, say)
         say("validation and search")
-        out |= _searches(engine, index, inputs, applied.cap, plan.repeat)
-    finally:
-        if engine.index_exists(index):
-            engine.delete_index(index)
+        return out | _searches(engine, index, inputs, cap, plan.repeat)
+    say("storing proposals")
+    started = time.perf_counter()
+    imported = batchfiles.import_proposals(engine, settings, proposals)
+    out["import_s"] = time.perf_counter() - started
+    out["proposals_stored"] = imported.stored
+    policy = Profile.from_settings(settings.enrich).filter_policy()
+    engine.refresh(index)
+    # both ways of gathering the DF statistics; apply uses the one enrich.term_table picks
+    # for this many documents per shard
+    say("DF statistics, bounded counts")
+    tracemalloc.start()
+    with counted(engine) as calls:
+        started = time.perf_counter()
+        table = enrich.term_table(engine, index, settings.enrich.df_basis, policy,
+                                  bounded_from=0)
+        out["df_s"] = time.perf_counter() - started
+    out["df_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    out["df_requests"] = calls[0]
+    out["candidate_terms"] = len(table.df)
+    if plan.aggregations:
+        say("DF statistics, aggregations")
+        started = time.perf_counter()
+        exact = enrich.term_table(engine, index, settings.enrich.df_basis)
+        out["df_exact_s"] = time.perf_counter() - started
+        out["same_cap"] = policy.cap(exact.n_docs, exact.df.values()) == \
+            policy.cap(table.n_docs, table.df.values())
+    out["apply_uses"] = "bounded counts" if enrich.counts_bounded(
+        out["documents"], settings.index.shards) else "aggregations"
+    say("enrichment")
+    started = time.perf_counter()
+    applied = enrich.apply(engine, settings, policy, table=table)
+    out["apply_s"] = time.perf_counter() - started
+    out["cap"], out["enriched"] = applied.cap, applied.enriched
+    out["index_mb"] = engine.size(index) / 2**20
+    out |= _settled(engine, index, plan, say)
+    say("validation and search")
+    out |= _searches(engine, index, inputs, applied.cap, plan.repeat)
     return out
 
 
