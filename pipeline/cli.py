@@ -286,6 +286,9 @@ def index_cmd(
             summary = _index(settings, engine, path, recreate)
     except CorpusError as exc:
         raise _fail(str(exc)) from exc
+    if engine.resent:  # what the engine's pressure cost the load, though nothing was lost
+        why = ", ".join(f"{n} after {reason}" for reason, n in engine.resent.items())
+        out.print(f"requests sent again when the engine was busy or slow: {why}")
     if summary.load.loaded == 0:
         raise _fail(f"{path}: no document could be loaded", 1)
     if summary.bulk.failed or (strict and summary.load.skipped):

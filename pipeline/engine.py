@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -62,13 +63,14 @@ def transient_errors() -> tuple[type[BaseException], ...]:
     return (*_unreachable_errors(), OSError)
 
 
-def _with_backoff(send: Callable, retry_s: float) -> Callable:
+def _with_backoff(send: Callable, retry_s: float, resent: Counter[str]) -> Callable:
     """A transport's ``perform_request`` that sends a request again, after a wait that grows
     (0.5, 1, 2 ... 30 s, with jitter), while the engine answers busy (429: its write queue or
     memory is full), a proxy in front of it cannot pass it on (502-504) or it times out, for
     up to ``retry_s``; a refused connection only a few times, quickly (a wrong URL should
     fail at once). The clients' own retries go again with no wait, which a busy engine
-    answers busy again."""
+    answers busy again. Each resend is counted in ``resent`` by why (status, ``timeout``,
+    ``unreachable``)."""
     unreachable = _unreachable_errors()
 
     def worth_resending(exc: BaseException) -> bool:
@@ -85,9 +87,21 @@ def _with_backoff(send: Callable, retry_s: float) -> Callable:
             return state.attempt_number >= UNREACHABLE_ATTEMPTS
         return state.seconds_since_start >= retry_s
 
+    def count(state: RetryCallState) -> None:
+        outcome = state.outcome
+        exc = outcome.exception() if outcome and outcome.failed else None
+        if exc is None:
+            status = getattr(getattr(outcome.result(), "meta", None), "status", None) \
+                if outcome else None
+            resent[str(status)] += 1
+        else:
+            resent["timeout" if isinstance(exc, _timeout_errors()) else
+                   "unreachable" if isinstance(exc, unreachable) else str(status_of(exc))] += 1
+
     return retry(retry=retry_if_exception(worth_resending) | retry_if_result(busy), stop=stop,
                  wait=wait_exponential(multiplier=0.5, max=30) + wait_random(0, 0.25),
-                 reraise=True, retry_error_callback=lambda state: state.outcome.result())(send)
+                 before_sleep=count, reraise=True,
+                 retry_error_callback=lambda state: state.outcome.result())(send)
 
 
 class EngineUnavailable(RuntimeError):
@@ -280,6 +294,8 @@ class Engine:
         self.kind = kind
         self.vendor = CLIENTS[kind]
         self.url = redact_url(url)
+        # requests sent again after a busy answer or a timeout, by why ("429", "timeout" ...)
+        self.resent: Counter[str] = Counter()
 
     # -- connecting ----------------------------------------------------------------------
 
@@ -298,9 +314,10 @@ class Engine:
         common = {"request_timeout": engine.request_timeout, "max_retries": 0,
                   "retry_on_timeout": False, "retry_on_status": ()}
         client = CLIENTS[engine.kind].make(url, engine, password, api_key, tls, common)
-        client.transport.perform_request = _with_backoff(client.transport.perform_request,
-                                                         engine.retry_s)
-        return cls(client, engine.kind, url)
+        connected = cls(client, engine.kind, url)
+        client.transport.perform_request = _with_backoff(
+            client.transport.perform_request, engine.retry_s, connected.resent)
+        return connected
 
     def close(self) -> None:
         self.client.close()

@@ -286,6 +286,7 @@ def test_the_request_timeout_setting_holds_on_both_clients(kind: str) -> None:
         with pytest.raises(Exception, match="(?i)time"):
             engine.health()
         assert len(seen) >= 2, seen  # sent again after it timed out
+        assert engine.resent == {"timeout": len(seen) - 1}
     with stand_in_engine(lambda n: (200, 1.0)) as (url, seen):
         engine = Engine.connect(EngineSettings(kind=kind, url=url, request_timeout=5))
         assert engine.health()["status"] == "green"
@@ -303,6 +304,7 @@ def test_a_busy_engine_is_asked_again_after_growing_waits(kind: str) -> None:
         assert len(seen) == 3, seen
         gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
         assert min(gaps) >= 0.4 and gaps[1] > gaps[0], gaps  # it waits, longer each time
+        assert engine.resent == {"429": 2}
     with stand_in_engine(lambda n: (429, 0)) as (url, seen):
         engine = Engine.connect(EngineSettings(kind=kind, url=url, retry_s=2))
         with pytest.raises(Exception) as refused:

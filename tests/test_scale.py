@@ -76,6 +76,8 @@ def test_bench_scale_on_the_sample(opensearch: Engine, tmp_path: Path,
             assert row["index_mb"] > 0 and row["validate_ms"] > 0 and row["two_ms"] > 0
             # searched once the merges were over: what is left of the updates' copies is said
             assert row["searched_segments"] >= int(shards) and row["searched_deleted_docs"] >= 0
+            assert row["resent"] == {}  # a small index on a quiet engine: nothing sent again
+    assert "| requests sent again (busy answers, timeouts) | none | none |" in result.output
     assert "| 10,000 (extrapolated) |" in result.output
     assert "| distinct proposed terms |" in result.output
     assert re.search(r"\| searched: segments / deleted copies \| \d+ / [\d,]+ \|", result.output)

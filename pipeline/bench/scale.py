@@ -122,8 +122,10 @@ class Plan:
 def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
             proposals: Path, plan: Plan, tick: Callable[[str], None] | None = None) -> dict:
     """Every step on one new index (``settings.index``), dropped afterwards."""
+    before = engine.resent.copy()
     try:
         out = _measure(engine, settings, inputs, corpus, proposals, plan, tick)
+        out["resent"] = dict(engine.resent - before)  # the engine answered busy, or timed out
     except BaseException:
         with suppress(Exception):  # the error to show is the first one
             engine.delete_index(settings.index.name)
@@ -360,6 +362,8 @@ def markdown(by_shards: dict[int, list[dict]], asked: list[int]) -> str:
             ("index size", lambda r: f"{r['index_mb']:,.0f} MB"),
             ("searched: segments / deleted copies",
              lambda r: f"{r['searched_segments']} / {r['searched_deleted_docs']:,}"),
+            ("requests sent again (busy answers, timeouts)",
+             lambda r: ", ".join(f"{n} after {why}" for why, n in r["resent"].items()) or "none"),
             ("validation p95", lambda r: f"{r['validate_p95_ms']:.2f} ms"),
             ("plain / literal / two-clause p95", lambda r: f"{r['plain_p95_ms']:.2f} / "
              f"{r['literal_p95_ms']:.2f} / {r['two_p95_ms']:.2f} ms"),
