@@ -25,8 +25,6 @@ from pydantic import SecretStr
 from tenacity import (
     RetryCallState,
     retry,
-    retry_if_exception,
-    retry_if_result,
     wait_exponential,
     wait_random,
 )
@@ -71,36 +69,33 @@ def _with_backoff(send: Callable, retry_s: float, resent: Counter[str]) -> Calla
     fail at once). The clients' own retries go again with no wait, which a busy engine
     answers busy again. Each resend is counted in ``resent`` by why (status, ``timeout``,
     ``unreachable``)."""
-    unreachable = _unreachable_errors()
 
-    def worth_resending(exc: BaseException) -> bool:
-        return isinstance(exc, unreachable) or status_of(exc) in RETRY_ON_STATUS
-
-    def busy(response: Any) -> bool:  # the Elasticsearch client raises for a status later
-        return getattr(getattr(response, "meta", None), "status", None) in RETRY_ON_STATUS
+    def why(state: RetryCallState) -> str | None:
+        """Why the last attempt is worth sending again ("429", "timeout" ...), else None."""
+        outcome = state.outcome
+        if outcome is None:
+            return None
+        if outcome.failed:
+            exc = outcome.exception()
+            if isinstance(exc, _timeout_errors()):
+                return "timeout"
+            if isinstance(exc, _unreachable_errors()):
+                return "unreachable"
+            status = status_of(exc)
+        else:  # the Elasticsearch client raises for a response's status after the transport
+            status = getattr(getattr(outcome.result(), "meta", None), "status", None)
+        return str(status) if status in RETRY_ON_STATUS else None
 
     def stop(state: RetryCallState) -> bool:
-        exc = state.outcome.exception() if state.outcome else None
         if retry_s <= 0:
             return True
-        if isinstance(exc, unreachable) and not isinstance(exc, _timeout_errors()):
+        if why(state) == "unreachable":
             return state.attempt_number >= UNREACHABLE_ATTEMPTS
         return state.seconds_since_start >= retry_s
 
-    def count(state: RetryCallState) -> None:
-        outcome = state.outcome
-        exc = outcome.exception() if outcome and outcome.failed else None
-        if exc is None:
-            status = getattr(getattr(outcome.result(), "meta", None), "status", None) \
-                if outcome else None
-            resent[str(status)] += 1
-        else:
-            resent["timeout" if isinstance(exc, _timeout_errors()) else
-                   "unreachable" if isinstance(exc, unreachable) else str(status_of(exc))] += 1
-
-    return retry(retry=retry_if_exception(worth_resending) | retry_if_result(busy), stop=stop,
+    return retry(retry=lambda state: why(state) is not None, stop=stop,
                  wait=wait_exponential(multiplier=0.5, max=30) + wait_random(0, 0.25),
-                 before_sleep=count, reraise=True,
+                 before_sleep=lambda state: resent.update([why(state)]), reraise=True,
                  retry_error_callback=lambda state: state.outcome.result())(send)
 
 
