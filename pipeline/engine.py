@@ -34,6 +34,7 @@ from pipeline.schema import ENRICHED_FIELD, PHRASE_TERMS_META, TEXT_FIELD
 
 RETRY_ON_STATUS = (429, 502, 503, 504)
 UNREACHABLE_ATTEMPTS = 4  # an engine that refuses connections: a few quick tries, then an error
+BUSY_ITEM_WAITS = (1, 2, 4, 8, 16)  # seconds before bulk items refused as busy go again
 
 
 @cache
@@ -187,6 +188,11 @@ def reason_of(exc: Any) -> str:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return _failure_reason(body["error"])
     return str(exc)[:500]
+
+
+def _busy(failure: ItemFailure) -> bool:
+    """Refused for the engine's load (429), not for a block (a full disk's is 429 too)."""
+    return failure.status == 429 and not failure.reason.startswith("cluster_block_exception")
 
 
 def _failure_reason(error: Any) -> str:
@@ -477,40 +483,54 @@ class Engine:
         return result
 
     def _bulk_chunk(self, chunk: list[dict], result: BulkResult) -> None:
-        """One bulk request; per-item failures are recorded. A request the engine refuses as
-        a whole for what it carries (4xx: an over-long id, too large a body) is split in
-        halves until only the bad items fail, so that one bad document loses only itself."""
+        """One bulk request; per-item failures are recorded. Items the engine refuses one by
+        one as busy (429: its write queue full; not a block, as past the flood stage, which
+        waiting does not lift) are sent again alone, after each of BUSY_ITEM_WAITS. A request
+        refused as a whole was already sent again by the transport (``_with_backoff``) for
+        as long as the settings allow, so it is not sent again here; one refused for what it
+        carries (4xx: an over-long id, too large a body) is split in halves until only the
+        bad items fail, so that one bad document loses only itself."""
+        for wait in (*BUSY_ITEM_WAITS, None):
+            refused, whole = self._send_chunk(chunk, result)
+            status = status_of(whole) if whole is not None else None
+            if whole is not None and len(chunk) > 1 and status is not None and \
+                    400 <= status < 500 and status != 429:
+                half = len(chunk) // 2
+                self._bulk_chunk(chunk[:half], result)
+                self._bulk_chunk(chunk[half:], result)
+                return
+            busy = {id(a) for a, f in refused if _busy(f)} if whole is None else set()
+            if not busy or wait is None:
+                break
+            self.resent.update(["429"])
+            time.sleep(wait)
+            result.failures.extend(f for a, f in refused if id(a) not in busy)
+            chunk = [a for a, _ in refused if id(a) in busy]
+        result.failures.extend(f for _, f in refused)
+
+    def _send_chunk(self, chunk: list[dict], result: BulkResult
+                    ) -> tuple[list[tuple[dict, ItemFailure]], Any]:
+        """Send one bulk request: the items taken are counted in ``result``; the refused
+        ones are returned with their actions, and the error that refused the request as a
+        whole, if one did."""
         whole: Any = None
-        failures: list[ItemFailure] = []
-        ok = 0
+        refused: list[tuple[dict, ItemFailure]] = []
         requests = [{k: v for k, v in action.items() if k != "_where"} for action in chunk]
-        for success, item in self.vendor.helpers().streaming_bulk(
-            # items the engine refused as busy (429) go again after 1, 2, 4, 8, 16 s
-            self.client, requests, chunk_size=len(chunk), max_retries=5,
-            initial_backoff=1, max_backoff=30, raise_on_error=False, raise_on_exception=False,
-        ):
+        answers = self.vendor.helpers().streaming_bulk(
+            self.client, requests, chunk_size=len(chunk), max_retries=0,
+            raise_on_error=False, raise_on_exception=False)
+        for action, (success, item) in zip(chunk, answers, strict=True):  # in request order
             if success:
-                ok += 1
+                result.ok += 1
                 continue
             _op, detail = next(iter(item.items()))
             if "exception" in detail:  # the request as a whole failed
                 whole = detail["exception"]
-            failures.append(ItemFailure(
+            refused.append((action, ItemFailure(
                 id=str(detail.get("_id")), status=int(detail.get("status", 0) or 0),
                 reason=_failure_reason(detail.get("error")) if whole is None
-                else reason_of(whole)))
-        status = status_of(whole) if whole is not None else None
-        if whole is not None and len(chunk) > 1 and status is not None and 400 <= status < 500 \
-                and status != 429:
-            half = len(chunk) // 2
-            self._bulk_chunk(chunk[:half], result)
-            self._bulk_chunk(chunk[half:], result)
-            return
-        where = {str(a.get("_id")): a.get("_where") for a in chunk}
-        for failure in failures:
-            failure.where = where.get(failure.id)
-        result.ok += ok
-        result.failures.extend(failures)
+                else reason_of(whole), where=action.get("_where"))))
+        return refused, whole
 
     def bulk_index(
         self, index: str, docs: Iterable[dict], *, chunk_size: int = 500

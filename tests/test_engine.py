@@ -152,17 +152,23 @@ def test_search_templates_where_supported(engine: Engine, fresh_index: IndexSett
     assert [h["_id"] for h in found["hits"]["hits"]] == ["d2"]
 
 
-def test_write_refused_names_a_block_and_writes_nothing(engine: Engine,
-                                                        fresh_index: IndexSettings) -> None:
+@pytest.mark.parametrize("block", ["index.blocks.write",
+                                   "index.blocks.read_only_allow_delete"])  # a full disk's
+def test_write_refused_names_a_block_and_writes_nothing(engine: Engine, fresh_index: IndexSettings,
+                                                        block: str) -> None:
+    """A block answers at once, named, and is not taken for a busy engine: past the flood
+    stage the engine answers 429, which waiting does not lift."""
     index = fresh_index.name
     assert engine.write_refused(index) is None
     assert engine.get(index, Engine.PROBE_ID) is None  # the probe wrote nothing
-    engine.client.indices.put_settings(index=index, body={"index.blocks.write": True})
+    engine.client.indices.put_settings(index=index, body={block: True})
     try:
+        before = engine.resent.copy()
         reason = engine.write_refused(index)
         assert reason is not None and "cluster_block_exception" in reason
+        assert engine.resent == before  # not sent again
     finally:
-        engine.client.indices.put_settings(index=index, body={"index.blocks.write": False})
+        engine.client.indices.put_settings(index=index, body={block: False})
 
 
 def test_two_creators_of_one_index(engine: Engine, fresh_index: IndexSettings) -> None:

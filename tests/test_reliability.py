@@ -238,10 +238,11 @@ def test_foreign_server_on_the_port_is_not_taken_for_the_engine(tmp_path: Path) 
 
 
 @contextmanager
-def stand_in_engine(answer: Callable[[int], tuple[int, float]]) -> Iterator[tuple[str, list]]:
+def stand_in_engine(answer: Callable[[int], tuple]) -> Iterator[tuple[str, list]]:
     """A stand-in engine that answers every request with ``answer(n)`` for the n-th request
-    (from 0): (HTTP status, seconds to wait first), a health body with it. Yields its URL and
-    when each request came (``time.monotonic()``)."""
+    (from 0): (HTTP status, seconds to wait first), or with a third item, the body to answer
+    (a function of the request's body, as text); else a health body. Yields its URL and when
+    each request came (``time.monotonic()``)."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -249,12 +250,14 @@ def stand_in_engine(answer: Callable[[int], tuple[int, float]]) -> Iterator[tupl
 
     class StandIn(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            status, delay = answer(len(seen))
+            sent = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+            status, delay, *body = answer(len(seen))
             seen.append(time.monotonic())
             time.sleep(delay)
-            data = json.dumps({"status": "green", "number_of_nodes": 1} if status == 200 else
-                              {"error": {"type": "busy", "reason": "busy"}, "status": status}
-                              ).encode()
+            payload = body[0](sent) if body else (
+                {"status": "green", "number_of_nodes": 1} if status == 200 else
+                {"error": {"type": "busy", "reason": "busy"}, "status": status})
+            data = json.dumps(payload).encode()
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -264,6 +267,8 @@ def stand_in_engine(answer: Callable[[int], tuple[int, float]]) -> Iterator[tupl
                 self.wfile.write(data)
             except OSError:  # the client gave up waiting
                 pass
+
+        do_POST = do_PUT = do_GET  # noqa: N815
 
         def log_message(self, *args: object) -> None:
             pass
@@ -311,3 +316,50 @@ def test_a_busy_engine_is_asked_again_after_growing_waits(kind: str) -> None:
             engine.health()
         assert status_of(refused.value) == 429
         assert 2 <= len(seen) <= 5, seen  # asked again, with waits between
+
+
+def _bulk_answer(busy: Callable[[str], bool]) -> Callable[[str], dict]:
+    """A bulk response to a request's NDJSON body: each item created, or refused as busy
+    (429, the engine's write queue full) where ``busy(id)``."""
+    def answer(sent: str) -> dict:
+        actions = [json.loads(line) for line in sent.splitlines()[::2] if line.strip()]
+        ids = [next(iter(a.values()))["_id"] for a in actions]
+        refused = [busy(i) for i in ids]
+        busy_item = {"status": 429, "error": {"type": "es_rejected_execution_exception",
+                                              "reason": "write queue full"}}
+        items = [{"index": {"_index": "x", "_id": i,
+                            **(busy_item if no else {"status": 201, "result": "created"})}}
+                 for i, no in zip(ids, refused, strict=True)]
+        return {"took": 1, "errors": any(refused), "items": items}
+    return answer
+
+
+@pytest.mark.parametrize("kind", ["opensearch", "elasticsearch"])
+def test_documents_refused_as_busy_are_sent_again_alone(kind: str) -> None:
+    """A bulk request whose items the engine refuses one by one as busy (429) is sent again
+    with only those items, after a wait; once they are taken nothing is lost."""
+    tries: dict[str, int] = {}
+
+    def busy(doc_id: str) -> bool:  # d2 refused twice, then taken
+        tries[doc_id] = tries.get(doc_id, 0) + 1
+        return doc_id == "d2" and tries[doc_id] <= 2
+
+    with stand_in_engine(lambda n: (200, 0, _bulk_answer(busy))) as (url, seen):
+        engine = Engine.connect(EngineSettings(kind=kind, url=url, retry_s=5))
+        result = engine.bulk_index("x", [{"_id": f"d{i}", "title": "t"} for i in range(1, 4)])
+        assert (result.ok, result.failures) == (3, [])
+        assert len(seen) == 3 and tries == {"d1": 1, "d2": 3, "d3": 1}, (seen, tries)
+        assert engine.resent == {"429": 2}
+
+
+@pytest.mark.parametrize("kind", ["opensearch", "elasticsearch"])
+def test_a_bulk_request_refused_whole_is_not_retried_twice_over(kind: str) -> None:
+    """A bulk request the engine keeps refusing whole (429) is retried for
+    SIRA_ENGINE__RETRY_S and then fails, each document named with the status: not retried
+    again on top of that, document by document, for many times as long."""
+    with stand_in_engine(lambda n: (429, 0)) as (url, seen):
+        engine = Engine.connect(EngineSettings(kind=kind, url=url, retry_s=1.5))
+        result = engine.bulk_index("x", [{"_id": f"d{i}", "title": "t"} for i in range(1, 4)])
+        assert result.ok == 0
+        assert [(f.id, f.status) for f in result.failures] == [(f"d{i}", 429) for i in (1, 2, 3)]
+        assert 2 <= len(seen) <= 5, len(seen)  # the transport's retries alone
