@@ -8,6 +8,7 @@ import functools
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -69,6 +70,7 @@ class _App(typer.Typer):
 
 
 _CONNECTED: dict[str, str] = {}  # the engine URL the command connected to, for messages
+_ENGINES: list[Engine] = []  # the engines the command connected to: their resends are said
 app = _App(help="SIRA: LLM-enriched lexical retrieval for Elasticsearch and OpenSearch.",
            no_args_is_help=True, pretty_exceptions_show_locals=False)
 engine_app = _App(help="Local search engines for development and tests.",
@@ -128,16 +130,27 @@ def main(
     if state_dir:
         settings = settings.model_copy(update={"state_dir": state_dir})
     ctx.obj = settings
+    ctx.call_on_close(_print_resent)  # when the command ends, whether it succeeded or not
 
 
 def _connect(settings: Settings) -> Engine:
     try:
         engine = local.connect(settings, local_name=LOCAL)
         _CONNECTED["url"] = engine.url
-        return engine
     except EngineUnavailable as exc:
         err.print(f"error: {exc}")
         raise typer.Exit(2) from exc
+    _ENGINES.append(engine)
+    return engine
+
+
+def _print_resent() -> None:
+    """What the engine's pressure cost the command, though nothing was lost by it."""
+    resent = sum((engine.resent for engine in _ENGINES), Counter())
+    _ENGINES.clear()
+    if resent:
+        why = ", ".join(f"{n} after {reason}" for reason, n in resent.items())
+        err.print(f"requests sent again when the engine was busy or slow: {why}")
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -286,9 +299,6 @@ def index_cmd(
             summary = _index(settings, engine, path, recreate)
     except CorpusError as exc:
         raise _fail(str(exc)) from exc
-    if engine.resent:  # what the engine's pressure cost the load, though nothing was lost
-        why = ", ".join(f"{n} after {reason}" for reason, n in engine.resent.items())
-        out.print(f"requests sent again when the engine was busy or slow: {why}")
     if summary.load.loaded == 0:
         raise _fail(f"{path}: no document could be loaded", 1)
     if summary.bulk.failed or (strict and summary.load.skipped):

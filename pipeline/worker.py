@@ -12,12 +12,15 @@ from functools import cache
 from pathlib import Path
 
 from celery import Celery, signals
+from celery.utils.log import get_task_logger
 
 from pipeline import enrich, local
 from pipeline.config import Settings
 from pipeline.engine import Engine, transient_errors
 from pipeline.jobs import PROPOSE_TASK
 from pipeline.llm import ModelClient
+
+log = get_task_logger(__name__)
 
 
 def broker_url(settings: Settings) -> str:
@@ -85,6 +88,13 @@ def propose_task(self, index: str, ids: list[str], job: str | None = None) -> di
     settings, engine, client = _resources()
     settings = settings.model_copy(update={
         "index": settings.index.model_copy(update={"name": index})})
+    before = engine.resent.copy()
     summary = enrich.propose(engine, settings, client, ids=ids, job=job)
+    resent = engine.resent - before
+    if resent:  # the engine's pressure, in the worker's log: nothing was lost by it
+        log.warning("%d documents of %s: engine requests sent again when it was busy or "
+                    "slow: %s", len(ids), index,
+                    ", ".join(f"{n} after {why}" for why, n in resent.items()))
     return {"proposed": summary.proposed, "failed": summary.failed,
-            "unchanged": summary.unchanged, "model_calls": summary.model_calls}
+            "unchanged": summary.unchanged, "model_calls": summary.model_calls,
+            "resent": dict(resent)}

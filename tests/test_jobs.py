@@ -414,3 +414,25 @@ def test_kill_9_of_the_job_takes_its_workers_along(opensearch: Engine, tmp_path:
             subprocess.run(["pkill", "-9", "-f", "--", f"-Q {settings.worker.queue}"])
             broker.stop()
             opensearch.delete_index(settings.index.name)
+
+
+def test_a_worker_logs_what_the_engines_pressure_cost(opensearch: Engine, redis: RedisServer,
+                                                      tmp_path: Path) -> None:
+    """The engine answers a worker's first write busy: the worker sends it again, nothing is
+    lost, and its log says how many requests went again and why."""
+    from test_reliability import busy_at_first
+
+    with FakeModelServer() as model:
+        settings = make_settings(tmp_path, opensearch, redis, model)
+        corpus = write_corpus(tmp_path / "c.jsonl", 50)
+        try:
+            with busy_at_first(settings.engine.url, ("/_bulk",)) as url:
+                busy = settings.model_copy(update={
+                    "engine": settings.engine.model_copy(update={"url": url})})
+                with LocalWorkers(busy, 1):  # the workers reach the engine through the proxy
+                    summary = reindex(opensearch, settings, str(corpus), timeout=120)
+            assert (summary.proposed, summary.failed, summary.enriched) == (50, 0, 50)
+            log = (tmp_path / "state" / "workers" / "worker-0.log").read_text()
+            assert "engine requests sent again when it was busy or slow: 1 after 429" in log, log
+        finally:
+            opensearch.delete_index(settings.index.name)

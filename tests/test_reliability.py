@@ -363,3 +363,76 @@ def test_a_bulk_request_refused_whole_is_not_retried_twice_over(kind: str) -> No
         assert result.ok == 0
         assert [(f.id, f.status) for f in result.failures] == [(f"d{i}", 429) for i in (1, 2, 3)]
         assert 2 <= len(seen) <= 5, len(seen)  # the transport's retries alone
+
+
+@contextmanager
+def busy_at_first(upstream: str, refused: tuple[str, ...]) -> Iterator[str]:
+    """A proxy in front of a real engine (plain HTTP) that answers the first request to a
+    path holding each of ``refused`` with 429 and passes everything else on. Yields its
+    URL."""
+    import threading
+    import urllib.error
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    left = set(refused)
+
+    class Proxy(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            path = self.path.split("?")[0]
+            hit = next((r for r in left if r in path), None)
+            if hit:
+                left.discard(hit)
+                status, data = 429, json.dumps({"error": {"type": "es_rejected_execution_exception",
+                                                          "reason": "busy"}, "status": 429})
+                data = data.encode()
+            else:
+                request = urllib.request.Request(
+                    upstream + self.path, data=body or None, method=self.command,
+                    headers={"Content-Type": self.headers.get("Content-Type") or
+                             "application/json"})
+                try:
+                    with urllib.request.urlopen(request, timeout=60) as answer:
+                        status, data = answer.status, answer.read()
+                except urllib.error.HTTPError as refusal:
+                    status, data = refusal.code, refusal.read()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_POST = do_PUT = do_DELETE = do_HEAD = do_GET  # noqa: N815
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_a_command_says_what_the_engines_pressure_cost(opensearch: Engine, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine answers busy once while documents are loaded and once while searched:
+    nothing is lost, and each command ends by saying how many requests went again, why."""
+    upstream = engine_env(opensearch, monkeypatch)["SIRA_ENGINE__URL"]
+    corpus = write_lines(tmp_path / "c.jsonl", 20)
+    index = f"test-rel-{uuid.uuid4().hex[:8]}"
+    said = "requests sent again when the engine was busy or slow: 1 after 429"
+    try:
+        with busy_at_first(upstream, ("/_bulk", "search")) as url:
+            monkeypatch.setenv("SIRA_ENGINE__URL", url)
+            loaded = runner.invoke(app, ["--index", index, "index", str(corpus)])
+            assert loaded.exit_code == 0, loaded.output
+            assert "indexed 20" in loaded.output and said in loaded.output
+            found = runner.invoke(app, ["--index", index, "search", "Doc 7"])
+            assert found.exit_code == 0, found.output
+            assert "d7" in found.output and said in found.output
+        assert opensearch.count(index) == 20
+    finally:
+        opensearch.delete_index(index)
