@@ -3,9 +3,11 @@ every skipped input and every rejected item counted and reported."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from collections import Counter
@@ -302,18 +304,46 @@ def live_jobs(engine: Engine, index: str, *, but: str) -> set[str]:
 
 
 class Heartbeat:
-    """A running job's entry in the index's ``_meta``, written at most every HEARTBEAT_S:
-    another job leaves the documents a live job has queued alone. Entries of jobs gone for a
-    day are dropped."""
+    """A running job's entry in the index's ``_meta``, written every HEARTBEAT_S by a thread
+    of its own while the job is inside ``with``: another job leaves the documents a live job
+    has queued alone. Beside the job's requests, not between them, so that a job waiting on a
+    busy engine (one request may go again for SIRA_ENGINE__RETRY_S, longer than JOB_GONE_S)
+    still reads as live. The engine refusing the entry (not merely unreachable) ends the job
+    at its next ``check()``. Entries of jobs gone for a day are dropped."""
 
     def __init__(self, engine: Engine, index: str, job: str) -> None:
         self.engine, self.index, self.job = engine, index, job
-        self.last = 0.0
+        self.refused: JobFailed | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"sira-heartbeat-{job}",
+                                        daemon=True)
 
-    def __call__(self, *, done: bool = False) -> None:
+    def __enter__(self) -> Heartbeat:
+        self._write()  # refused now: the job ends before it starts
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        with contextlib.suppress(Exception):  # else the entry expires by itself
+            self._write(done=True)
+
+    def check(self) -> None:
+        """End the job if the engine refused its entry."""
+        if self.refused is not None:
+            raise self.refused
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                self._write()
+            except JobFailed as exc:
+                self.refused = exc
+                return
+
+    def _write(self, *, done: bool = False) -> None:
         now = time.time()
-        if not done and now - self.last < HEARTBEAT_S:
-            return
         try:
             beats = dict(self.engine.get_meta(self.index).get(JOBS_META) or {})
             beats = {j: b for j, b in beats.items() if now - float(b.get("at", 0)) < 86400}
@@ -325,11 +355,8 @@ class Heartbeat:
         except transient_errors():
             return  # the wait loop notices an unreachable engine on its own
         except Exception as exc:
-            if done:
-                return  # the entry expires by itself
             raise JobFailed(f"the engine refuses to record the job in {self.index}'s _meta: "
                             f"{exc}") from exc
-        self.last = now
 
 
 def status_counts(engine: Engine, index: str, job: str | None = None) -> Counter[str]:
@@ -397,14 +424,12 @@ def reindex(
             raise JobFailed(str(exc)) from exc
     else:
         engine.create_index(settings.index)
-    beat = Heartbeat(engine, index, job)
-    try:
-        beat()
+    with Heartbeat(engine, index, job) as beat:
         if whole:
-            copy_whole(engine, settings, source, summary, beat=beat)
+            copy_whole(engine, settings, source, summary, beat=beat.check)
         elif source:
             copy_documents(engine, settings, source_documents(engine, source, summary.load,
-                                                              settings), summary, beat=beat)
+                                                              settings), summary, beat=beat.check)
             summary.skipped_input = summary.load.skipped
         else:
             summary.documents = engine.count(index)
@@ -423,8 +448,6 @@ def reindex(
             _send_and_wait(engine, settings, app, job, todo, summary, on_progress, poll,
                            timeout, phase, beat)
         counts = status_counts(engine, index, job)
-    finally:
-        beat(done=True)
     summary.proposed = counts[PROPOSED] + counts[ENRICHED]
     summary.failed = counts[FAILED]
     summary.taken_over = max(0, summary.sent - summary.proposed - summary.failed)
@@ -503,7 +526,7 @@ def _wait(engine: Engine, settings: Settings, app: Celery, job: str, total: int,
             on_progress(total - left, total)
         if left == 0:
             return
-        beat()
+        beat.check()
         now = time.monotonic()
         if now - last_probe > PROBE_S:
             _check_writable(engine, index, "while the workers proposed", queued=left)

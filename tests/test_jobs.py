@@ -436,3 +436,32 @@ def test_a_worker_logs_what_the_engines_pressure_cost(opensearch: Engine, redis:
             assert "engine requests sent again when it was busy or slow: 1 after 429" in log, log
         finally:
             opensearch.delete_index(settings.index.name)
+
+
+def test_a_job_waiting_on_one_request_still_reads_as_live(opensearch: Engine,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's heartbeat goes on while the job waits on one request (a busy engine's request
+    goes again for up to SIRA_ENGINE__RETRY_S, longer than JOB_GONE_S), so another job does
+    not take its documents for abandoned; the engine refusing the entry ends the job at its
+    next check, naming it; the entry goes when the job ends."""
+    from pipeline import jobs
+
+    monkeypatch.setattr(jobs, "HEARTBEAT_S", 0.2)
+    index = f"test-beat-{uuid.uuid4().hex[:8]}"
+    opensearch.create(index, {})
+    try:
+        with jobs.Heartbeat(opensearch, index, "a") as beat:
+            first = opensearch.get_meta(index)[jobs.JOBS_META]["a"]["at"]
+            time.sleep(1.5)  # the job blocked: nothing of its own runs
+            assert opensearch.get_meta(index)[jobs.JOBS_META]["a"]["at"] > first
+            assert jobs.live_jobs(opensearch, index, but="b") == {"a"}
+            beat.check()
+        assert "a" not in opensearch.get_meta(index).get(jobs.JOBS_META, {})
+        with jobs.Heartbeat(opensearch, index, "a") as beat:
+            opensearch.delete_index(index)
+            time.sleep(1.0)
+            with pytest.raises(JobFailed, match="refuses to record the job"):
+                beat.check()
+    finally:
+        if opensearch.index_exists(index):
+            opensearch.delete_index(index)
