@@ -20,7 +20,7 @@ from rich.table import Table
 
 from pipeline import batchfiles, enrich, local, policies
 from pipeline.config import DfBasis, EngineKind, Settings, Stance, redact_url
-from pipeline.engine import Engine, EngineUnavailable, describe_error
+from pipeline.engine import Engine, EngineUnavailable, describe_error, resent_line
 from pipeline.jobs import (
     IndexSummary,
     JobFailed,
@@ -149,8 +149,7 @@ def _print_resent() -> None:
     resent = sum((engine.resent for engine in _ENGINES), Counter())
     _ENGINES.clear()
     if resent:
-        why = ", ".join(f"{n} after {reason}" for reason, n in resent.items())
-        err.print(f"requests sent again when the engine was busy or slow: {why}")
+        err.print(f"requests sent again when the engine was busy or slow: {resent_line(resent)}")
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:

@@ -12,7 +12,7 @@ import copy
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from importlib import resources
@@ -188,6 +188,11 @@ def reason_of(exc: Any) -> str:
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         return _failure_reason(body["error"])
     return str(exc)[:500]
+
+
+def resent_line(resent: Mapping[str, int]) -> str:
+    """``Engine.resent`` as people read it: "2 after 429, 1 after timeout"."""
+    return ", ".join(f"{n} after {why}" for why, n in resent.items())
 
 
 def _busy(failure: ItemFailure) -> bool:
@@ -499,13 +504,13 @@ class Engine:
                 self._bulk_chunk(chunk[:half], result)
                 self._bulk_chunk(chunk[half:], result)
                 return
-            busy = {id(a) for a, f in refused if _busy(f)} if whole is None else set()
+            busy = [a for a, f in refused if _busy(f)] if whole is None else []
             if not busy or wait is None:
                 break
             self.resent.update(["429"])
             time.sleep(wait)
-            result.failures.extend(f for a, f in refused if id(a) not in busy)
-            chunk = [a for a, _ in refused if id(a) in busy]
+            result.failures.extend(f for _, f in refused if not _busy(f))
+            chunk = busy
         result.failures.extend(f for _, f in refused)
 
     def _send_chunk(self, chunk: list[dict], result: BulkResult

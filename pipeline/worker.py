@@ -16,7 +16,7 @@ from celery.utils.log import get_task_logger
 
 from pipeline import enrich, local
 from pipeline.config import Settings
-from pipeline.engine import Engine, transient_errors
+from pipeline.engine import Engine, resent_line, transient_errors
 from pipeline.jobs import PROPOSE_TASK
 from pipeline.llm import ModelClient
 
@@ -93,8 +93,7 @@ def propose_task(self, index: str, ids: list[str], job: str | None = None) -> di
     resent = engine.resent - before
     if resent:  # the engine's pressure, in the worker's log: nothing was lost by it
         log.warning("%d documents of %s: engine requests sent again when it was busy or "
-                    "slow: %s", len(ids), index,
-                    ", ".join(f"{n} after {why}" for why, n in resent.items()))
+                    "slow: %s", len(ids), index, resent_line(resent))
     return {"proposed": summary.proposed, "failed": summary.failed,
             "unchanged": summary.unchanged, "model_calls": summary.model_calls,
             "resent": dict(resent)}

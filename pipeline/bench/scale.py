@@ -31,7 +31,7 @@ import numpy as np
 from pipeline import batchfiles, enrich, query
 from pipeline.bench.synthetic import Generator
 from pipeline.config import Settings
-from pipeline.engine import Engine
+from pipeline.engine import Engine, resent_line
 from pipeline.jobs import index_corpus
 from pipeline.profile import DEFAULT_MAX_N, DEFAULT_W, Profile
 from pipeline.schema import Layout
@@ -363,7 +363,7 @@ def markdown(by_shards: dict[int, list[dict]], asked: list[int]) -> str:
             ("searched: segments / deleted copies",
              lambda r: f"{r['searched_segments']} / {r['searched_deleted_docs']:,}"),
             ("requests sent again (busy answers, timeouts)",
-             lambda r: ", ".join(f"{n} after {why}" for why, n in r["resent"].items()) or "none"),
+             lambda r: resent_line(r["resent"]) or "none"),
             ("validation p95", lambda r: f"{r['validate_p95_ms']:.2f} ms"),
             ("plain / literal / two-clause p95", lambda r: f"{r['plain_p95_ms']:.2f} / "
              f"{r['literal_p95_ms']:.2f} / {r['two_p95_ms']:.2f} ms"),
