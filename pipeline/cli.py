@@ -1021,17 +1021,22 @@ def bench_scale_cmd(
     measured = [s for s in asked if measure_up_to is None or s <= measure_up_to]
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+
+    def write(results: dict[int, list[dict]]) -> str:
+        table = scale.markdown(results, asked)
+        (out_dir / "scale.json").write_text(json.dumps(
+            {"dataset": str(dataset), "engine": engine.kind, "version": engine.version,
+             "phrase_terms": settings.index.phrase_terms, "plain_only": plain_only,
+             "generator_check": closeness, "results": results}, indent=1))
+        (out_dir / "scale.md").write_text(scale.check_table(closeness) + "\n" + table + "\n")
+        return table
+
     results = scale.run(engine, settings, inputs, generator, measured, shard_counts,
                         out_dir / "work", scale.Plan(repeat, force_merge, plain_only, cap,
                                                      aggregations),
-                        say=lambda line: err.print(f"[{time.monotonic() - started:6.0f}s] {line}"))
-    table = scale.markdown(results, asked)
-    out.print(table)
-    (out_dir / "scale.json").write_text(json.dumps(
-        {"dataset": str(dataset), "engine": engine.kind, "version": engine.version,
-         "phrase_terms": settings.index.phrase_terms, "plain_only": plain_only,
-         "generator_check": closeness, "results": results}, indent=1))
-    (out_dir / "scale.md").write_text(scale.check_table(closeness) + "\n" + table + "\n")
+                        say=lambda line: err.print(f"[{time.monotonic() - started:6.0f}s] {line}"),
+                        landed=write)  # each row as it lands: a stopped run keeps them
+    out.print(write(results))
     png = scale.plot(results, out_dir / "scale.png")
     out.print(f"\nwrote {out_dir / 'scale.json'}, {out_dir / 'scale.md'}, {png}")
 

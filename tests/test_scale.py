@@ -126,3 +126,30 @@ def test_bench_scale_bad_sizes_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "--sizes and --shards take comma-separated whole numbers" in result.output
     assert "Traceback" not in result.output
+
+
+def test_bench_scale_keeps_the_rows_of_a_stopped_run(opensearch: Engine, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each row is written as it lands: a run stopped in its second size (here by a fault
+    in the measurement) leaves the first size's figures in scale.json and scale.md."""
+    from pipeline.bench import scale
+
+    engine_env(opensearch, monkeypatch)
+    measure = scale.measure
+
+    def stopped_at_150(engine, settings, inputs, corpus, proposals, plan, tick):  # noqa: ANN001
+        if settings.index.name.endswith("-150-1"):
+            raise KeyboardInterrupt
+        return measure(engine, settings, inputs, corpus, proposals, plan, tick)
+
+    monkeypatch.setattr(scale, "measure", stopped_at_150)
+    out = tmp_path / "out"
+    result = runner.invoke(app, [
+        "--index", f"test-scale-{uuid.uuid4().hex[:6]}", "bench-scale", "--dataset",
+        str(SAMPLE), "--proposals", str(RECORDED), "--sketches",
+        str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test", "--sizes", "90,150",
+        "--shards", "1", "--repeat", "1", "--plain-only", "--cap", "7", "--out", str(out)])
+    assert result.exit_code != 0
+    rows = json.loads((out / "scale.json").read_text())["results"]["1"]
+    assert [r["documents"] for r in rows] == [90]
+    assert "| sketch validation, median |" in (out / "scale.md").read_text()

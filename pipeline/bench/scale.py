@@ -294,8 +294,12 @@ def plot(by_shards: dict[int, list[dict]], path: Path) -> Path:
 
 def run(engine: Engine, settings: Settings, inputs: Inputs, generator: Generator,
         sizes: list[int], shards: list[int], work: Path, plan: Plan = Plan(),
-        say: Callable[[str], None] | None = None) -> dict[int, list[dict]]:
-    """Every size at every shard count, smallest first: {shards: [figures per size]}."""
+        say: Callable[[str], None] | None = None,
+        landed: Callable[[dict[int, list[dict]]], None] | None = None,
+        ) -> dict[int, list[dict]]:
+    """Every size at every shard count, smallest first: {shards: [figures per size]}.
+    ``landed``: called with the figures so far after each row (a run stopped part way
+    keeps what it measured)."""
     tell = say or (lambda _: None)
     out: dict[int, list[dict]] = {}
     warm_up = True  # a first bulk load on a fresh engine reads slower than the next
@@ -315,6 +319,8 @@ def run(engine: Engine, settings: Settings, inputs: Inputs, generator: Generator
                           lambda step, size=size, count=count:
                           tell(f"{size:,} documents, {count} shard(s): {step}"))
             out.setdefault(count, []).append(row)
+            if landed:
+                landed(out)
         for path in (corpus, proposals):
             path.unlink()
     return out
