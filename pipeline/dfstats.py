@@ -18,8 +18,13 @@ term), so its cost does not grow with the collection as a ``filters`` aggregatio
 visits every match of every candidate): sketch validation uses it. ``apply`` counts in
 rounds, every term first with a low bound and then only the few whose count stopped there:
 ``capped_frequencies`` under a cap known beforehand (ratio, absolute), ``top_frequencies``
-under the rank policy (the K-th largest DF). Exact DFs of
-every term (``sira stats``, the bench's grid over policies) still come from the aggregations.
+under the rank policy (the K-th largest DF). Before any of that, ``word_bounds`` gives
+each term a range its DF lies in, from counts of its single words (whole, from the term
+dictionary) and of the documents it was proposed for: a phrase is in no more documents than
+its rarest word, and the terms whose range already decides are not counted at all — most
+phrases under a high cap, whose counts walk their words' postings (the cost that grows with
+the collection). Exact DFs of every term (``sira stats``, the bench's grid over policies)
+still come from the aggregations.
 
 The filter policies built on them are in ``pipeline.policies``.
 """
@@ -27,7 +32,8 @@ The filter policies built on them are in ``pipeline.policies``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from itertools import islice
 
 from pipeline.config import DfBasis
@@ -86,21 +92,81 @@ def bounded_frequencies(engine: Engine, index: str, terms: dict[str, str], bound
     return {norm: min(df, bound) for norm, df in counts.items()}
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """A range each term's DF is known to lie in before any count of its own:
+    ``low[norm] <= DF <= high[norm]``."""
+
+    low: dict[str, int]
+    high: dict[str, int]
+
+
+def _word(word: str) -> bool:
+    return word.isascii() and word.isalnum()
+
+
+def word_bounds(engine: Engine, index: str, terms: dict[str, str], basis: DfBasis,
+                fields: list[str], proposed: Mapping[str, int], n_docs: int,
+                batch: int = COUNTS_BATCH) -> Bounds:
+    """Each term's DF range under ``basis`` (``text`` or ``both``), from one whole count per
+    distinct ASCII word of the terms and field (the term dictionary, as ``_counts`` counts a
+    word) and ``proposed``: the documents each term was proposed for (exact: the scan of
+    the stored proposals, which ``sira.proposed_terms`` always repeats).
+    - A word's count in a field is the DF of that word as a term (the same phrase query).
+      A phrase's documents hold all its words in one field, so its text DF is at most the
+      sum over fields of its rarest word's counts. A word counted 0 says nothing (a
+      stopword counts 0 and does not stop a phrase from matching), nor do words the
+      analyzer may split or other scripts; a phrase with no other word has no bound but
+      ``n_docs``.
+    - A one-word term's text DF is at least its largest count in one field (exactly it on
+      one field), and under ``both`` its DF is at least its proposals' and at most the sum."""
+    words = sorted({w for text in terms.values() for w in text.split() if _word(w)})
+    searches = ((w, {"size": 0, "track_total_hits": True,
+                     "query": _clause(w, w, "text", [f])}) for w in words for f in fields)
+    per_field: dict[str, list[int]] = {w: [] for w in words}
+    while chunk := list(islice(searches, batch)):
+        for (w, _), response in zip(chunk, engine.msearch(index, [b for _, b in chunk]),
+                                    strict=True):
+            per_field[w].append(int(response["hits"]["total"]["value"]))
+    ceiling = {w: sum(c) for w, c in per_field.items() if min(c) > 0}
+    low: dict[str, int] = {}
+    high: dict[str, int] = {}
+    for norm, text in terms.items():
+        parts = text.split()
+        one = len(parts) == 1 and parts[0] in per_field
+        text_low = max(per_field[parts[0]]) if one else 0
+        text_high = min((ceiling[w] for w in parts if w in ceiling), default=n_docs)
+        if one and len(fields) == 1:
+            text_high = text_low
+        in_proposals = proposed.get(norm, 0) if basis == "both" else 0
+        low[norm] = max(text_low, in_proposals)
+        high[norm] = min(text_high + in_proposals, n_docs)
+    return Bounds(low, high)
+
+
 def capped_frequencies(engine: Engine, index: str, terms: dict[str, str], bound: int,
                        fields: list[str], basis: DfBasis, batch: int = COUNTS_BATCH, *,
-                       pair_fields: Collection[str] = ()) -> dict[str, int]:
+                       pair_fields: Collection[str] = (), bounds: Bounds | None = None,
+                       ) -> dict[str, int]:
     """min(DF, ``bound``) of each term, as ``bounded_frequencies``, in two rounds where the
     bound is high (apply under a cap known beforehand): every term counted up to
     FIRST_BOUND, one search each, then the few whose count stopped there up to ``bound``,
     whole where the engine counts them whole. Sketch validation, which waits for its
-    counts, takes one round instead."""
+    counts, takes one round instead. Given ``bounds``, a term whose range lies below the
+    bound is not counted (its value: the range's low end, on the same side of the bound as
+    its DF), nor one whose range starts at the bound (its value: the bound)."""
+    decided: dict[str, int] = {}
+    if bounds is not None:
+        decided = {n: bounds.low[n] if bounds.high[n] < bound else bound for n in terms
+                   if bounds.high[n] < bound or bounds.low[n] >= bound}
+        terms = {n: t for n, t in terms.items() if n not in decided}
     first = min(bound, FIRST_BOUND)
     counts, stopped = _bounded(engine, index, terms, first, fields, basis, batch, pair_fields,
                                whole=False)
     if first < bound and stopped:
         counts |= _bounded(engine, index, {n: terms[n] for n in stopped}, bound, fields,
                            basis, batch, pair_fields)[0]
-    return {norm: min(df, bound) for norm, df in counts.items()}
+    return decided | {norm: min(df, bound) for norm, df in counts.items()}
 
 
 def _bounded(engine: Engine, index: str, terms: dict[str, str], bound: int, fields: list[str],
@@ -159,7 +225,8 @@ def _counts(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str],
 def top_frequencies(engine: Engine, index: str, terms: dict[str, str], k: int,
                     basis: DfBasis, fields: list[str], batch: int = COUNTS_BATCH,
                     first: int = FIRST_BOUND, step: int = BOUND_STEP, *,
-                    pair_fields: Collection[str] = ()) -> dict[str, int]:
+                    pair_fields: Collection[str] = (), bounds: Bounds | None = None,
+                    ) -> dict[str, int]:
     """Counts of each term from which the ``k``-th largest DF is exact (what the rank policy
     needs), with a cost per term that does not grow with the collection: every term counted
     up to FIRST_BOUND, one search each; while the k-th largest DF or a stopped term's place
@@ -168,7 +235,19 @@ def top_frequencies(engine: Engine, index: str, terms: dict[str, str], k: int,
     a count that stops early costs them least, and under the ``both`` basis a whole count
     takes two searches. A term that never stopped has its exact DF; one that stopped has a
     count at or above the k-th largest DF, so the same decision as its DF under the cap that
-    follows (``policies.Rank``)."""
+    follows (``policies.Rank``).
+
+    Given ``bounds``, only the terms that may be among the k most common are counted: the
+    k-th largest low end (``floor``) is at most the k-th largest DF, so a term whose range
+    ends below it is not among them and is kept under the cap whatever its DF; its value is
+    its low end, below the k-th largest DF, so the cap comes out the same."""
+    decided: dict[str, int] = {}
+    if bounds is not None and terms:
+        if k <= 0:  # no cap
+            return {n: bounds.low[n] for n in terms}
+        floor = sorted((bounds.low[n] for n in terms), reverse=True)[min(k, len(terms)) - 1]
+        decided = {n: bounds.low[n] for n in terms if bounds.high[n] < floor}
+        terms = {n: t for n, t in terms.items() if n not in decided}
     bound = first
     counts, stopped = _bounded(engine, index, terms, bound, fields, basis, batch, pair_fields,
                                whole=False)
@@ -177,7 +256,7 @@ def top_frequencies(engine: Engine, index: str, terms: dict[str, str], k: int,
         again, stopped = _bounded(engine, index, {n: terms[n] for n in stopped}, bound,
                                   fields, basis, batch, pair_fields)
         counts |= again
-    return counts
+    return decided | counts
 
 
 def _kth_known(counts: dict[str, int], stopped: set[str], k: int) -> bool:

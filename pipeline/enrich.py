@@ -406,12 +406,16 @@ def term_table(engine: Engine, index: str, basis: DfBasis,
     """Every distinct proposed term with its DF: exact for every term (``sira stats``, the
     bench's grid over policies, an index of up to ``bounded_from`` documents per shard), or,
     given the ``policy`` it is for, counted only as far as that policy's decisions need
-    (``bounded``: a search per term that stops at a bound; the cap it gives is exact)."""
+    (``bounded``: each term's range from its words' counts, then a search per term the
+    range does not decide, stopping at a bound; the cap it gives is exact)."""
     engine.refresh(index)
     surfaces: dict[str, str] = {}
+    proposed: Counter[str] = Counter()  # documents per term: what sira.proposed_terms holds
     for _, source in proposed_documents(engine, index, ["sira.proposals.terms"]):
-        for t in stored_terms(source):
+        stored = stored_terms(source)
+        for t in stored:
             surfaces.setdefault(t["norm"], t["text"])
+        proposed.update({t["norm"] for t in stored})
     n_docs = engine.count(index)
     layout = Layout.of(engine.get_meta(index))
     fields = layout.phrase_fields(enriched=False)
@@ -422,15 +426,19 @@ def term_table(engine: Engine, index: str, basis: DfBasis,
     if policy is None or not counts_bounded(n_docs, shards, bounded_from):
         return TermTable(n_docs, dfstats.document_frequencies(
             engine, index, surfaces, basis, fields=fields), basis)
-    if not policy.needs_statistics():  # the cap follows from the collection's size alone
-        cap = policy.cap(n_docs, [])
-        df = {} if cap is None else dfstats.capped_frequencies(
-            engine, index, surfaces, cap + 1, fields, basis, pair_fields=layout.pair_fields)
-    elif isinstance(policy, policies.Rank):
-        df = dfstats.top_frequencies(engine, index, surfaces, policy.rank_k, basis, fields,
-                                     pair_fields=layout.pair_fields)
-    else:
+    rank = isinstance(policy, policies.Rank)
+    if policy.needs_statistics() and not rank:
         raise ValueError(f"no bounded statistics for the {policy.kind} policy")
+    cap = None if rank else policy.cap(n_docs, [])  # else known from the collection's size
+    if cap is None and not rank:
+        return TermTable(n_docs, {}, basis, bounded=True)  # no cap: nothing to decide
+    bounds = dfstats.word_bounds(engine, index, surfaces, basis, fields, proposed, n_docs)
+    if rank:
+        df = dfstats.top_frequencies(engine, index, surfaces, policy.rank_k, basis, fields,
+                                     pair_fields=layout.pair_fields, bounds=bounds)
+    else:
+        df = dfstats.capped_frequencies(engine, index, surfaces, cap + 1, fields, basis,
+                                        pair_fields=layout.pair_fields, bounds=bounds)
     return TermTable(n_docs, df, basis, bounded=True)
 
 

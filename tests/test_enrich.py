@@ -338,6 +338,77 @@ def test_rank_counts_stop_only_where_they_must(engine: Engine, index_settings: I
         engine.delete_index(index.name)
 
 
+def test_word_bounds_hold_and_spare_the_phrase_counts(engine: Engine,
+                                                      index_settings: IndexSettings,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """On both engines, 3 shards: every term's DF lies in the range its words' counts and its
+    proposals give — stopwords, words the analyzer splits, words found nowhere, one field or
+    several — and with the ranges apply counts far fewer terms for the same cap and the same
+    decision on every term, under every policy and basis."""
+    index = index_settings.model_copy(update={"shards": 3, "replicas": 0})
+    engine.create_index(index)
+    try:
+        rng = random.Random(8)
+        vocab = ["alpha", "bravo", "charlie", "delta", "of", "the", "x-ray", "echo"]
+        weights = [30, 20, 8, 4, 10, 10, 3, 1]
+        docs = [(f"d{i}", " ".join(rng.choices(vocab, weights, k=2)),
+                 " ".join(rng.choices(vocab, weights, k=6))) for i in range(240)]
+        phrases = ["alpha", "bravo", "echo", "alpha bravo", "bravo alpha alpha", "of charlie",
+                   "charlie delta", "x-ray", "x-ray alpha", "zulu", "zulu alpha",
+                   "echo echo echo", "delta of bravo", "alpha alpha", "the bravo alpha"]
+        proposals = {d: rng.sample(phrases, 3) for d, _, _ in docs[::2]}
+        load(engine, index.name, docs)
+        sources = engine.mget(index.name, list(proposals), source=OWN.read())
+        enrich.store_proposals(engine, index.name, proposals, sources, model="m",
+                               prompt_version="p", stance="new+key")
+        engine.refresh(index.name)
+        surfaces = dict(zip(terms.normalize(engine, index.name, phrases), phrases, strict=True))
+        assert len(surfaces) == len(phrases)
+        n = engine.count(index.name)
+        proposed = dfstats.proposal_frequencies(engine, index.name)
+        for fields in (dfstats.TEXT_FIELDS, ["title", "text"]):
+            for basis in ("text", "both"):
+                exact = dfstats.document_frequencies(engine, index.name, surfaces, basis,
+                                                     fields=fields)
+                bounds = dfstats.word_bounds(engine, index.name, surfaces, basis, fields,
+                                             proposed, n)
+                assert {t: bounds.low[t] <= df <= bounds.high[t] for t, df in exact.items()} \
+                    == dict.fromkeys(exact, True), (fields, basis)
+                if fields == dfstats.TEXT_FIELDS and basis == "text":  # one word: exact
+                    one = [t for t, p in surfaces.items() if p in ("alpha", "zulu")]
+                    assert [(bounds.low[t], bounds.high[t]) for t in one] == \
+                        [(exact[t], exact[t]) for t in one]
+                    # a phrase is bounded by its rarest word that is counted: not zulu (0)
+                    rare = surfaces_norm(surfaces, "zulu alpha")
+                    assert bounds.high[rare] == exact[surfaces_norm(surfaces, "alpha")] < n
+        sent: list[str] = []  # every search apply sends, as JSON
+        msearch = engine.msearch
+        monkeypatch.setattr(engine, "msearch", lambda name, bodies: sent.extend(
+            json.dumps(b) for b in bodies) or msearch(name, bodies))
+        rare = ["charlie delta", "of charlie", "echo echo echo", "delta of bravo"]
+        for basis in ("text", "both"):
+            exact = enrich.term_table(engine, index.name, basis).df
+            for policy in (policies.Rank(1), policies.Rank(2), policies.Rank(3),
+                           policies.Rank(50), policies.Absolute(10), policies.Ratio(0.5),
+                           policies.Rank(0)):
+                sent.clear()
+                table = enrich.term_table(engine, index.name, basis, policy, bounded_from=0)
+                cap = policy.cap(n, exact.values())
+                assert table.bounded and policy.cap(n, table.df.values()) == cap, policy
+                assert {t: policies.keeps(df, cap) for t, df in table.df.items()} == \
+                    {t: policies.keeps(df, cap) for t, df in exact.items()}, (basis, policy)
+                if policy in (policies.Rank(1), policies.Rank(2)):
+                    # phrases of rare words are under the cap by their words' counts alone
+                    assert not [p for p in rare if any(f'"{p}"' in body for body in sent)], \
+                        (basis, policy)
+    finally:
+        engine.delete_index(index.name)
+
+
+def surfaces_norm(surfaces: dict[str, str], text: str) -> str:
+    return next(n for n, t in surfaces.items() if t == text)
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
