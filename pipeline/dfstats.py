@@ -31,8 +31,9 @@ The filter policies built on them are in ``pipeline.policies``.
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 
@@ -94,15 +95,43 @@ def bounded_frequencies(engine: Engine, index: str, terms: dict[str, str], bound
 
 @dataclass(frozen=True)
 class Bounds:
-    """A range each term's DF is known to lie in before any count of its own:
-    ``low[norm] <= DF <= high[norm]``."""
+    """What the DFs of terms are known to lie within before any count of their own
+    (``word_bounds``): ``range(norm, text)`` is (low, high), ``low <= DF <= high``."""
 
-    low: dict[str, int]
-    high: dict[str, int]
+    basis: DfBasis
+    n_docs: int
+    one_field: bool
+    # per ASCII word: its largest count in one field, and its counts summed over the fields
+    # (None where it is a stopword in some field: its count there says nothing)
+    words: dict[str, tuple[int, int | None]]
+    proposed: Mapping[str, int]
+
+    def range(self, norm: str, text: str) -> tuple[int, int]:
+        parts = text.split()
+        one = len(parts) == 1 and parts[0] in self.words
+        text_low = self.words[parts[0]][0] if one else 0
+        if one and self.one_field:
+            text_high = text_low
+        else:
+            text_high = min((self.words[w][1] for w in parts if w in self.words
+                             and self.words[w][1] is not None), default=self.n_docs)
+        in_proposals = self.proposed.get(norm, 0) if self.basis == "both" else 0
+        return max(text_low, in_proposals), min(text_high + in_proposals, self.n_docs)
 
 
 def _word(word: str) -> bool:
     return word.isascii() and word.isalnum()
+
+
+def _totals(engine: Engine, index: str, searches: Iterator[tuple[str, str, dict]],
+            batch: int) -> dict[tuple[str, str], int]:
+    """Each (word, field) search's total hits, ``batch`` searches per ``_msearch``."""
+    out: dict[tuple[str, str], int] = {}
+    while chunk := list(islice(searches, batch)):
+        for (w, f, _), response in zip(chunk, engine.msearch(index, [b for *_, b in chunk]),
+                                       strict=True):
+            out[w, f] = int(response["hits"]["total"]["value"])
+    return out
 
 
 def word_bounds(engine: Engine, index: str, terms: dict[str, str], basis: DfBasis,
@@ -112,36 +141,33 @@ def word_bounds(engine: Engine, index: str, terms: dict[str, str], basis: DfBasi
     distinct ASCII word of the terms and field (the term dictionary, as ``_counts`` counts a
     word) and ``proposed``: the documents each term was proposed for (exact: the scan of
     the stored proposals, which ``sira.proposed_terms`` always repeats).
-    - A word's count in a field is the DF of that word as a term (the same phrase query).
+    - A word's count in a field is that word's DF there as a term (the same phrase query).
       A phrase's documents hold all its words in one field, so its text DF is at most the
-      sum over fields of its rarest word's counts. A word counted 0 says nothing (a
-      stopword counts 0 and does not stop a phrase from matching), nor do words the
-      analyzer may split or other scripts; a phrase with no other word has no bound but
-      ``n_docs``.
+      sum over fields of its rarest word's counts: 0 where a word is in no document. A
+      stopword counts 0 too but does not stop a phrase from matching, so a word counted 0
+      is counted again with ``zero_terms_query: all`` (every document where the analyzer
+      leaves no token) to tell the two apart. Words the analyzer may split and other
+      scripts give no bound; a phrase of nothing else has none but ``n_docs``.
     - A one-word term's text DF is at least its largest count in one field (exactly it on
       one field), and under ``both`` its DF is at least its proposals' and at most the sum."""
+    def searches(words: Iterable[tuple[str, str]], zero_terms: str
+                 ) -> Iterator[tuple[str, str, dict]]:
+        for w, f in words:
+            query = _clause(w, w, "text", [f])
+            query["multi_match"]["zero_terms_query"] = zero_terms
+            yield w, f, {"size": 0, "track_total_hits": True, "query": query}
+
     words = sorted({w for text in terms.values() for w in text.split() if _word(w)})
-    searches = ((w, {"size": 0, "track_total_hits": True,
-                     "query": _clause(w, w, "text", [f])}) for w in words for f in fields)
-    per_field: dict[str, list[int]] = {w: [] for w in words}
-    while chunk := list(islice(searches, batch)):
-        for (w, _), response in zip(chunk, engine.msearch(index, [b for _, b in chunk]),
-                                    strict=True):
-            per_field[w].append(int(response["hits"]["total"]["value"]))
-    ceiling = {w: sum(c) for w, c in per_field.items() if min(c) > 0}
-    low: dict[str, int] = {}
-    high: dict[str, int] = {}
-    for norm, text in terms.items():
-        parts = text.split()
-        one = len(parts) == 1 and parts[0] in per_field
-        text_low = max(per_field[parts[0]]) if one else 0
-        text_high = min((ceiling[w] for w in parts if w in ceiling), default=n_docs)
-        if one and len(fields) == 1:
-            text_high = text_low
-        in_proposals = proposed.get(norm, 0) if basis == "both" else 0
-        low[norm] = max(text_low, in_proposals)
-        high[norm] = min(text_high + in_proposals, n_docs)
-    return Bounds(low, high)
+    counts = _totals(engine, index, searches(((w, f) for w in words for f in fields), "none"),
+                     batch)
+    nothing_left = _totals(engine, index, searches(
+        (key for key, c in counts.items() if c == 0), "all"), batch)
+    per_word: dict[str, tuple[int, int | None]] = {}
+    for w in words:
+        found = [counts[w, f] for f in fields]
+        stopword = any(nothing_left.get((w, f), 0) > 0 for f in fields)
+        per_word[w] = (max(found), None if stopword else sum(found))
+    return Bounds(basis, n_docs, len(fields) == 1, per_word, proposed)
 
 
 def capped_frequencies(engine: Engine, index: str, terms: dict[str, str], bound: int,
@@ -157,8 +183,10 @@ def capped_frequencies(engine: Engine, index: str, terms: dict[str, str], bound:
     its DF), nor one whose range starts at the bound (its value: the bound)."""
     decided: dict[str, int] = {}
     if bounds is not None:
-        decided = {n: bounds.low[n] if bounds.high[n] < bound else bound for n in terms
-                   if bounds.high[n] < bound or bounds.low[n] >= bound}
+        for norm, text in terms.items():
+            low, high = bounds.range(norm, text)
+            if high < bound or low >= bound:
+                decided[norm] = low if high < bound else bound
         terms = {n: t for n, t in terms.items() if n not in decided}
     first = min(bound, FIRST_BOUND)
     counts, stopped = _bounded(engine, index, terms, first, fields, basis, batch, pair_fields,
@@ -244,9 +272,12 @@ def top_frequencies(engine: Engine, index: str, terms: dict[str, str], k: int,
     decided: dict[str, int] = {}
     if bounds is not None and terms:
         if k <= 0:  # no cap
-            return {n: bounds.low[n] for n in terms}
-        floor = sorted((bounds.low[n] for n in terms), reverse=True)[min(k, len(terms)) - 1]
-        decided = {n: bounds.low[n] for n in terms if bounds.high[n] < floor}
+            return {norm: bounds.range(norm, text)[0] for norm, text in terms.items()}
+        floor = heapq.nlargest(k, (bounds.range(n, t)[0] for n, t in terms.items()))[-1]
+        for norm, text in terms.items():
+            low, high = bounds.range(norm, text)
+            if high < floor:
+                decided[norm] = low
         terms = {n: t for n, t in terms.items() if n not in decided}
     bound = first
     counts, stopped = _bounded(engine, index, terms, bound, fields, basis, batch, pair_fields,

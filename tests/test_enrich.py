@@ -372,15 +372,18 @@ def test_word_bounds_hold_and_spare_the_phrase_counts(engine: Engine,
                                                      fields=fields)
                 bounds = dfstats.word_bounds(engine, index.name, surfaces, basis, fields,
                                              proposed, n)
-                assert {t: bounds.low[t] <= df <= bounds.high[t] for t, df in exact.items()} \
+                ranges = {t: bounds.range(t, p) for t, p in surfaces.items()}
+                assert {t: low <= exact[t] <= high for t, (low, high) in ranges.items()} \
                     == dict.fromkeys(exact, True), (fields, basis)
                 if fields == dfstats.TEXT_FIELDS and basis == "text":  # one word: exact
+                    df = {p: exact[t] for t, p in surfaces.items()}
+                    high = {p: ranges[t][1] for t, p in surfaces.items()}
                     one = [t for t, p in surfaces.items() if p in ("alpha", "zulu")]
-                    assert [(bounds.low[t], bounds.high[t]) for t in one] == \
-                        [(exact[t], exact[t]) for t in one]
-                    # a phrase is bounded by its rarest word that is counted: not zulu (0)
-                    rare = surfaces_norm(surfaces, "zulu alpha")
-                    assert bounds.high[rare] == exact[surfaces_norm(surfaces, "alpha")] < n
+                    assert [ranges[t] for t in one] == [(exact[t], exact[t]) for t in one]
+                    # a phrase is in no more documents than its rarest word: none, with a
+                    # word found nowhere; a stopword (also counted 0) bounds nothing
+                    assert high["zulu alpha"] == 0 and df["zulu"] == 0
+                    assert high["the bravo alpha"] == min(df["bravo"], df["alpha"]) < n
         sent: list[str] = []  # every search apply sends, as JSON
         msearch = engine.msearch
         monkeypatch.setattr(engine, "msearch", lambda name, bodies: sent.extend(
@@ -403,10 +406,6 @@ def test_word_bounds_hold_and_spare_the_phrase_counts(engine: Engine,
                         (basis, policy)
     finally:
         engine.delete_index(index.name)
-
-
-def surfaces_norm(surfaces: dict[str, str], text: str) -> str:
-    return next(n for n, t in surfaces.items() if t == text)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
