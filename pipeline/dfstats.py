@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from itertools import islice
 
@@ -100,38 +100,22 @@ class Bounds:
 
     basis: DfBasis
     n_docs: int
-    one_field: bool
-    # per ASCII word: its largest count in one field, and its counts summed over the fields
-    # (None where it is a stopword in some field: its count there says nothing)
+    # per ASCII word: its largest count in one field where the count is known, and its
+    # counts summed over the fields (None where one is not known: a stopword there)
     words: dict[str, tuple[int, int | None]]
     proposed: Mapping[str, int]
 
     def range(self, norm: str, text: str) -> tuple[int, int]:
         parts = text.split()
-        one = len(parts) == 1 and parts[0] in self.words
-        text_low = self.words[parts[0]][0] if one else 0
-        if one and self.one_field:
-            text_high = text_low
-        else:
-            text_high = min((self.words[w][1] for w in parts if w in self.words
-                             and self.words[w][1] is not None), default=self.n_docs)
+        text_low = self.words[parts[0]][0] if len(parts) == 1 and parts[0] in self.words else 0
+        text_high = min((self.words[w][1] for w in parts if w in self.words
+                         and self.words[w][1] is not None), default=self.n_docs)
         in_proposals = self.proposed.get(norm, 0) if self.basis == "both" else 0
         return max(text_low, in_proposals), min(text_high + in_proposals, self.n_docs)
 
 
 def _word(word: str) -> bool:
     return word.isascii() and word.isalnum()
-
-
-def _totals(engine: Engine, index: str, searches: Iterator[tuple[str, str, dict]],
-            batch: int) -> dict[tuple[str, str], int]:
-    """Each (word, field) search's total hits, ``batch`` searches per ``_msearch``."""
-    out: dict[tuple[str, str], int] = {}
-    while chunk := list(islice(searches, batch)):
-        for (w, f, _), response in zip(chunk, engine.msearch(index, [b for *_, b in chunk]),
-                                       strict=True):
-            out[w, f] = int(response["hits"]["total"]["value"])
-    return out
 
 
 def word_bounds(engine: Engine, index: str, terms: dict[str, str], basis: DfBasis,
@@ -141,33 +125,28 @@ def word_bounds(engine: Engine, index: str, terms: dict[str, str], basis: DfBasi
     distinct ASCII word of the terms and field (the term dictionary, as ``_counts`` counts a
     word) and ``proposed``: the documents each term was proposed for (exact: the scan of
     the stored proposals, which ``sira.proposed_terms`` always repeats).
-    - A word's count in a field is that word's DF there as a term (the same phrase query).
-      A phrase's documents hold all its words in one field, so its text DF is at most the
-      sum over fields of its rarest word's counts: 0 where a word is in no document. A
-      stopword counts 0 too but does not stop a phrase from matching, so a word counted 0
-      is counted again with ``zero_terms_query: all`` (every document where the analyzer
-      leaves no token) to tell the two apart. Words the analyzer may split and other
-      scripts give no bound; a phrase of nothing else has none but ``n_docs``.
+    - A word's count in a field is that word's DF there as a term (the same phrase query,
+      with ``zero_terms_query: all``, so that a stopword, which leaves no token and does not
+      stop a phrase from matching, counts every document: no bound). A phrase's documents
+      hold all its words in one field, so its text DF is at most the sum over fields of its
+      rarest word's counts, 0 where a word is in no document. Words the analyzer may split
+      and other scripts give no bound; a phrase of nothing else has none but ``n_docs``.
     - A one-word term's text DF is at least its largest count in one field (exactly it on
       one field), and under ``both`` its DF is at least its proposals' and at most the sum."""
-    def searches(words: Iterable[tuple[str, str]], zero_terms: str
-                 ) -> Iterator[tuple[str, str, dict]]:
-        for w, f in words:
-            query = _clause(w, w, "text", [f])
-            query["multi_match"]["zero_terms_query"] = zero_terms
-            yield w, f, {"size": 0, "track_total_hits": True, "query": query}
-
     words = sorted({w for text in terms.values() for w in text.split() if _word(w)})
-    counts = _totals(engine, index, searches(((w, f) for w in words for f in fields), "none"),
-                     batch)
-    nothing_left = _totals(engine, index, searches(
-        (key for key, c in counts.items() if c == 0), "all"), batch)
+    searches = ((w, {"size": 0, "track_total_hits": True, "query": {"multi_match": {
+        "query": w, "type": "phrase", "fields": [f], "zero_terms_query": "all"}}})
+        for w in words for f in fields)
+    counts: dict[str, list[int]] = {w: [] for w in words}
+    while chunk := list(islice(searches, batch)):
+        for (w, _), response in zip(chunk, engine.msearch(index, [b for _, b in chunk]),
+                                    strict=True):
+            counts[w].append(int(response["hits"]["total"]["value"]))
     per_word: dict[str, tuple[int, int | None]] = {}
-    for w in words:
-        found = [counts[w, f] for f in fields]
-        stopword = any(nothing_left.get((w, f), 0) > 0 for f in fields)
-        per_word[w] = (max(found), None if stopword else sum(found))
-    return Bounds(basis, n_docs, len(fields) == 1, per_word, proposed)
+    for w, found in counts.items():
+        known = [c for c in found if c < n_docs]  # in every document: a stopword, or as good
+        per_word[w] = (max(known, default=0), sum(known) if len(known) == len(found) else None)
+    return Bounds(basis, n_docs, per_word, proposed)
 
 
 def capped_frequencies(engine: Engine, index: str, terms: dict[str, str], bound: int,
