@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -153,3 +154,17 @@ def test_bench_scale_keeps_the_rows_of_a_stopped_run(opensearch: Engine, tmp_pat
     rows = json.loads((out / "scale.json").read_text())["results"]["1"]
     assert [r["documents"] for r in rows] == [90]
     assert "| sketch validation, median |" in (out / "scale.md").read_text()
+
+
+def test_peak_growth_sees_memory_held_inside_the_step() -> None:
+    from pipeline.bench.scale import peak_growth
+
+    with peak_growth() as grown:
+        held = bytearray(80 * 2**20)
+        held[::4096] = b"x" * len(held[::4096])  # touch every page: resident, not reserved
+        time.sleep(0.1)
+        del held
+    assert grown[0] >= 60
+    with peak_growth() as idle:
+        time.sleep(0.05)
+    assert idle[0] < 20
