@@ -134,9 +134,12 @@ def word_bounds(engine: Engine, index: str, terms: dict[str, str], basis: DfBasi
     - A one-word term's text DF is at least its largest count in one field (exactly it on
       one field), and under ``both`` its DF is at least its proposals' and at most the sum."""
     words = sorted({w for text in terms.values() for w in text.split() if _word(w)})
-    searches = ((w, {"size": 0, "track_total_hits": True, "query": {"multi_match": {
-        "query": w, "type": "phrase", "fields": [f], "zero_terms_query": "all"}}})
-        for w in words for f in fields)
+    def count(word: str, field: str) -> dict:
+        query = _clause(word, word, "text", [field])
+        query["multi_match"]["zero_terms_query"] = "all"
+        return {"size": 0, "track_total_hits": True, "query": query}
+
+    searches = ((w, count(w, f)) for w in words for f in fields)
     counts: dict[str, list[int]] = {w: [] for w in words}
     while chunk := list(islice(searches, batch)):
         for (w, _), response in zip(chunk, engine.msearch(index, [b for _, b in chunk]),

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -52,8 +53,12 @@ FIGURES = [
 
 
 def _resident_bytes() -> int:
-    with open("/proc/self/statm") as statm:  # Linux: size, resident, ... in pages
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    """The process's resident memory now (Linux), else its peak so far (macOS: bytes)."""
+    try:
+        with open("/proc/self/statm") as statm:  # size, resident, ... in pages
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except FileNotFoundError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 @contextmanager
