@@ -17,7 +17,7 @@ from typing import Any
 
 from pipeline.engine import Engine, reason_of, sira_mapping, status_of
 from pipeline.loaders import now_iso
-from pipeline.schema import ATTACH_META, OWN_TEMPLATE, SIRA, Layout
+from pipeline.schema import ATTACH_META, OWN_TEMPLATE, SIRA, Layout, field_mapping
 
 TEXT_TYPES = {"text", "match_only_text"}
 ANALYSIS_KEYS = ("analyzer", "search_analyzer", "search_quote_analyzer")
@@ -33,17 +33,6 @@ class AttachResult:
     layout: Layout
     changed: list[str] = field(default_factory=list)  # what this run set
     notes: list[str] = field(default_factory=list)
-
-
-def field_mapping(mapping: dict, path: str) -> dict | None:
-    """The mapping of a field by its dotted path: object properties and multi-fields."""
-    node: dict = {"properties": mapping.get("properties", {})}
-    for part in path.split("."):
-        children = {**(node.get("fields") or {}), **(node.get("properties") or {})}
-        if part not in children:
-            return None
-        node = children[part]
-    return node
 
 
 def _kind(node: dict) -> str:

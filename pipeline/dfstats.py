@@ -19,12 +19,14 @@ visits every match of every candidate): sketch validation uses it. ``apply`` cou
 rounds, every term first with a low bound and then only the few whose count stopped there:
 ``capped_frequencies`` under a cap known beforehand (ratio, absolute), ``top_frequencies``
 under the rank policy (the K-th largest DF). Before any of that, ``word_bounds`` gives
-each term a range its DF lies in, from counts of its single words (whole, from the term
-dictionary) and of the documents it was proposed for: a phrase is in no more documents than
-its rarest word, and the terms whose range already decides are not counted at all — most
-phrases under a high cap, whose counts walk their words' postings (the cost that grows with
-the collection). Exact DFs of every term (``sira stats``, the bench's grid over policies)
-still come from the aggregations.
+each term a range its DF lies in, from its words' entries in the term dictionaries (read a
+few thousand words a request with ``_termvectors`` of an artificial document: not exact,
+deleted copies are in them, but never below a word's DF, so an upper bound) and the
+documents it was proposed for: a phrase is in no more documents than its rarest word, and
+the terms whose range already decides are not counted at all — most phrases under a high
+cap, whose counts walk their words' postings (the cost that grows with the collection).
+Exact DFs of every term (``sira stats``, the bench's grid over policies) still come from the
+aggregations.
 
 The filter policies built on them are in ``pipeline.policies``.
 """
@@ -32,6 +34,7 @@ The filter policies built on them are in ``pipeline.policies``.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -39,7 +42,13 @@ from itertools import islice
 
 from pipeline.config import DfBasis
 from pipeline.engine import Engine
-from pipeline.schema import ENRICHED_FIELD, PROPOSED_TERMS, TEXT_FIELD
+from pipeline.schema import (
+    ENRICHED_FIELD,
+    PROPOSED_TERMS,
+    TEXT_FIELD,
+    field_mapping,
+    source_document,
+)
 
 TEXT_FIELDS = [TEXT_FIELD]
 # title, text and the enrichment in one field: a phrase is found in it exactly when it is
@@ -49,6 +58,7 @@ BATCH = 500  # candidates per filters aggregation request
 COUNTS_BATCH = 1000  # counts per _msearch request when apply counts for a policy
 FIRST_BOUND = 64  # where apply's counts start
 BOUND_STEP = 8  # and how much higher top_frequencies counts the terms that reached the bound
+COUNTED_PER_RANK = 4  # one-word terms counted exactly per place of the rank policy's K
 
 
 def _clause(text: str, norm: str, basis: DfBasis, fields: list[str]) -> dict:
@@ -100,16 +110,16 @@ class Bounds:
 
     basis: DfBasis
     n_docs: int
-    # per ASCII word: its largest count in one field where the count is known, and its
-    # counts summed over the fields (None where one is not known: a stopword there)
-    words: dict[str, tuple[int, int | None]]
+    # per ASCII word: at least the documents holding it in some field (a phrase of it is in
+    # no more); a word absent bounds nothing
+    words: dict[str, int]
+    counted: dict[str, int]  # the words counted exactly: their text DF as one-word terms
     proposed: Mapping[str, int]
 
     def range(self, norm: str, text: str) -> tuple[int, int]:
         parts = text.split()
-        text_low = self.words[parts[0]][0] if len(parts) == 1 and parts[0] in self.words else 0
-        text_high = min((self.words[w][1] for w in parts if w in self.words
-                         and self.words[w][1] is not None), default=self.n_docs)
+        text_low = self.counted.get(parts[0], 0) if len(parts) == 1 else 0
+        text_high = min((self.words[w] for w in parts if w in self.words), default=self.n_docs)
         in_proposals = self.proposed.get(norm, 0) if self.basis == "both" else 0
         return max(text_low, in_proposals), min(text_high + in_proposals, self.n_docs)
 
@@ -119,37 +129,87 @@ def _word(word: str) -> bool:
 
 
 def word_bounds(engine: Engine, index: str, terms: dict[str, str], basis: DfBasis,
-                fields: list[str], proposed: Mapping[str, int], n_docs: int,
-                batch: int = COUNTS_BATCH) -> Bounds:
-    """Each term's DF range under ``basis`` (``text`` or ``both``), from one whole count per
-    distinct ASCII word of the terms and field (the term dictionary, as ``_counts`` counts a
-    word) and ``proposed``: the documents each term was proposed for (exact: the scan of
-    the stored proposals, which ``sira.proposed_terms`` always repeats).
-    - A word's count in a field is that word's DF there as a term (the same phrase query,
-      with ``zero_terms_query: all``, so that a stopword, which leaves no token and does not
-      stop a phrase from matching, counts every document: no bound). A phrase's documents
-      hold all its words in one field, so its text DF is at most the sum over fields of its
-      rarest word's counts, 0 where a word is in no document. Words the analyzer may split
-      and other scripts give no bound; a phrase of nothing else has none but ``n_docs``.
-    - A one-word term's text DF is at least its largest count in one field (exactly it on
-      one field), and under ``both`` its DF is at least its proposals' and at most the sum."""
+                fields: list[str], proposed: Mapping[str, int], n_docs: int, *,
+                counted: int = 0, batch: int = COUNTS_BATCH) -> Bounds:
+    """Each term's DF range under ``basis`` (``text`` or ``both``), from its words and
+    ``proposed``: the documents each term was proposed for (exact: the scan of the stored
+    proposals, which ``sira.proposed_terms`` always repeats).
+    - Every distinct ASCII word of the terms is looked up in the term dictionary of each
+      field on each shard (``index_counts``, a few thousand words a request): at least the
+      documents that hold it. A phrase's documents hold all its words in one field, so its
+      text DF is at most its rarest word's count, 0 where a word is in no document. Words
+      the analysis drops (stopwords), splits or may read differently at search time, and
+      other scripts, bound nothing; a phrase of nothing else has no bound but ``n_docs``.
+    - The ``counted`` one-word terms of the largest such counts are counted exactly with a
+      search each (the phrase query of their DF): their range is their DF (under ``both``,
+      at least it and their proposals', at most the sum). The rank policy's floor comes
+      from them; other terms' text DF is at least 0."""
     words = sorted({w for text in terms.values() for w in text.split() if _word(w)})
-    def count(word: str, field: str) -> dict:
-        query = _clause(word, word, "text", [field])
-        query["multi_match"]["zero_terms_query"] = "all"
-        return {"size": 0, "track_total_hits": True, "query": query}
-
-    searches = ((w, count(w, f)) for w in words for f in fields)
-    counts: dict[str, list[int]] = {w: [] for w in words}
+    bounded = index_counts(engine, index, words, fields)
+    singles = heapq.nlargest(counted, {t for t in terms.values() if t in bounded},
+                             key=bounded.__getitem__)
+    exact: dict[str, int] = {}
+    searches = ((w, {"size": 0, "track_total_hits": True,
+                     "query": _clause(w, w, "text", fields)}) for w in singles)
     while chunk := list(islice(searches, batch)):
         for (w, _), response in zip(chunk, engine.msearch(index, [b for _, b in chunk]),
                                     strict=True):
-            counts[w].append(int(response["hits"]["total"]["value"]))
-    per_word: dict[str, tuple[int, int | None]] = {}
-    for w, found in counts.items():
-        known = [c for c in found if c < n_docs]  # in every document: a stopword, or as good
-        per_word[w] = (max(known, default=0), sum(known) if len(known) == len(found) else None)
-    return Bounds(basis, n_docs, per_word, proposed)
+            exact[w] = int(response["hits"]["total"]["value"])
+    return Bounds(basis, n_docs, bounded | exact, exact, proposed)
+
+
+WORDS_PER_REQUEST = 5000  # words per artificial document of index_counts
+
+
+def index_counts(engine: Engine, index: str, words: list[str], fields: list[str],
+                 per_request: int = WORDS_PER_REQUEST) -> dict[str, int]:
+    """For each word that gives one token in each of ``fields``: the documents holding that
+    token summed over the fields and shards, from the term dictionaries (``_termvectors`` of
+    an artificial document of the words, one request per ``per_request`` words and shard).
+    At least the word's DF in those fields: deleted copies not merged away yet are counted
+    too. Words that give no token (stopwords) or several, and all words where a field is no
+    text field or its phrase queries are analysed otherwise than its values, are left out:
+    they bound nothing."""
+    if not words or len(engine.concrete_indices(index)) != 1:
+        return {}  # an alias over several indices: their term dictionaries are not one
+    mapping = engine.get_mapping(index)
+    settings = engine.index_settings(index)
+    if not all(_indexed_as_searched(mapping, settings, f) for f in fields):
+        return {}
+    shards = int(settings["index"]["number_of_shards"])
+    out: dict[str, int] = {}
+    for first in range(0, len(words), per_request):
+        chunk = words[first:first + per_request]
+        starts = [0]
+        for word in chunk[:-1]:
+            starts.append(starts[-1] + len(word) + 1)
+        document = source_document(mapping, fields, " ".join(chunk))
+        tokens = [[0] * len(fields) for _ in chunk]
+        found = [0] * len(chunk)
+        for shard in range(shards):
+            statistics = engine.term_statistics(index, document, fields, shard)
+            for f, field in enumerate(fields):
+                for start, end, docs in statistics.get(field, []):
+                    i = bisect_right(starts, start) - 1
+                    if end > starts[i] + len(chunk[i]):
+                        continue  # a token across words (shingles) bounds none of them
+                    found[i] += docs
+                    tokens[i][f] += shard == 0
+        out |= {w: found[i] for i, w in enumerate(chunk) if all(n == 1 for n in tokens[i])}
+    return out
+
+
+def _indexed_as_searched(mapping: dict, settings: dict, field: str) -> bool:
+    """Whether a phrase query on ``field`` analyses its text as the field's values are
+    indexed (a text field with no search analyzer of its own), so a word's term in its
+    dictionary is what the query looks for."""
+    node = field_mapping(mapping, field) or {}
+    analyzers = settings.get("index", {}).get("analysis", {}).get("analyzer", {})
+    if node.get("type") != "text" or {"default_search", "default_search_quoted"} & set(analyzers):
+        return False
+    analyzer = node.get("analyzer", "default")
+    return all(node.get(k, analyzer) == analyzer
+               for k in ("search_analyzer", "search_quote_analyzer"))
 
 
 def capped_frequencies(engine: Engine, index: str, terms: dict[str, str], bound: int,

@@ -474,6 +474,10 @@ class Engine:
         """Add fields to an index's mapping (the engine refuses to change existing ones)."""
         self.client.indices.put_mapping(index=index, body={"properties": properties})
 
+    def concrete_indices(self, name: str) -> list[str]:
+        """The indices an index name, alias or pattern stands for."""
+        return list(dict(self.client.indices.get_settings(index=name)))
+
     def index_settings(self, index: str) -> dict:
         found = dict(self.client.indices.get_settings(index=index))
         return (found.get(index) or next(iter(found.values())))["settings"]
@@ -659,6 +663,22 @@ class Engine:
         if group:
             out.extend(self._analyze_group(index, group, analyzer, field))
         return out
+
+    def term_statistics(self, index: str, document: dict, fields: list[str], shard: int
+                        ) -> dict[str, list[tuple[int, int, int]]]:
+        """How an artificial ``document`` is indexed in each of ``fields`` (``_termvectors``:
+        parsed by the index's mapping, so copy_to targets and multi-fields are filled too),
+        with each token's statistics on one shard: (start offset, end offset, documents
+        holding the token), per token, per field given tokens. The count is the shard's term
+        dictionary's: deleted copies not yet merged away included, so at least the documents
+        that hold it."""
+        body = {"doc": document, "fields": fields, "term_statistics": True,
+                "field_statistics": False, "positions": False, "offsets": True,
+                "payloads": False}
+        found = self.client.termvectors(index=index, body=body, preference=f"_shards:{shard}")
+        return {field: [(token["start_offset"], token["end_offset"], int(term.get("doc_freq", 0)))
+                        for term in vector["terms"].values() for token in term["tokens"]]
+                for field, vector in (found.get("term_vectors") or {}).items()}
 
     def _analyze_group(self, index: str, texts: list[str], analyzer: str | None,
                        field: str | None) -> list[list[str]]:

@@ -432,7 +432,10 @@ def term_table(engine: Engine, index: str, basis: DfBasis,
     cap = None if rank else policy.cap(n_docs, [])  # else known from the collection's size
     if cap is None and not rank:
         return TermTable(n_docs, {}, basis, bounded=True)  # no cap: nothing to decide
-    bounds = dfstats.word_bounds(engine, index, surfaces, basis, fields, proposed, n_docs)
+    # under rank, the floor its decisions start from: the K-th largest of a few exact counts
+    counted = dfstats.COUNTED_PER_RANK * policy.rank_k if rank else 0
+    bounds = dfstats.word_bounds(engine, index, surfaces, basis, fields, proposed, n_docs,
+                                 counted=counted)
     if rank:
         df = dfstats.top_frequencies(engine, index, surfaces, policy.rank_k, basis, fields,
                                      pair_fields=layout.pair_fields, bounds=bounds)

@@ -113,6 +113,35 @@ def content_hash(title: str, text: str) -> str:
     return hashlib.sha256(f"{title}\n{text}".encode()).hexdigest()
 
 
+def field_mapping(mapping: dict, path: str) -> dict | None:
+    """The mapping of a field by its dotted path: object properties and multi-fields."""
+    node: dict = {"properties": mapping.get("properties", {})}
+    for part in path.split("."):
+        children = {**(node.get("fields") or {}), **(node.get("properties") or {})}
+        if part not in children:
+            return None
+        node = children[part]
+    return node
+
+
+def source_document(mapping: dict, fields: list[str], value: str) -> dict:
+    """A ``_source`` that gives each field (dotted path) ``value``: set on its object path, a
+    multi-field's on its parent, a copy_to target's on itself."""
+    document: dict = {}
+    for path in fields:
+        node, keys = mapping, []
+        for part in path.split("."):
+            if part in (node.get("fields") or {}):
+                break  # a multi-field: indexed from its parent's value
+            keys.append(part)
+            node = (node.get("properties") or {}).get(part) or {}
+        target = document
+        for key in keys[:-1]:
+            target = target.setdefault(key, {})
+        target[keys[-1]] = value
+    return document
+
+
 def field_value(source: dict, path: str) -> Any:
     """A field of ``_source`` by its dotted path, in nested objects or as a flat key."""
     if path in source:

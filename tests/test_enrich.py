@@ -338,6 +338,53 @@ def test_rank_counts_stop_only_where_they_must(engine: Engine, index_settings: I
         engine.delete_index(index.name)
 
 
+def test_index_counts_bound_what_phrase_queries_find(engine: Engine,
+                                                    index_settings: IndexSettings) -> None:
+    """On both engines, 3 shards, with the deleted copies updates leave: a word's count from
+    the term dictionaries is at least the documents its phrase query finds, in a plain field,
+    a multi-field, a copy_to target and an object's field, and in several at once; stopwords
+    and words the analyzer splits are left out, and every word of a field searched with an
+    analyzer of its own (synonyms at search time, say, find more than the word's term)."""
+    name = f"{index_settings.name}-counts"
+    engine.create(name, {
+        "settings": {"number_of_shards": 3, "number_of_replicas": 0},
+        "mappings": {"properties": {
+            "body": {"type": "text", "analyzer": "stop", "copy_to": "all",
+                     "fields": {"plain": {"type": "text", "analyzer": "standard"}}},
+            "meta": {"properties": {"note": {"type": "text"}}},
+            "all": {"type": "text", "analyzer": "stop"},
+            "searched": {"type": "text", "analyzer": "whitespace",
+                         "search_analyzer": "simple"}}}})
+    try:
+        rng = random.Random(3)
+        vocab = ["car", "automobile", "the", "alpha", "bravo", "cars", "x-ray"]
+
+        def text(k: int) -> str:
+            return " ".join(rng.choices(vocab, [5, 5, 3, 4, 2, 2, 1], k=k))
+
+        docs = [{"_id": str(i), "body": text(3), "meta": {"note": text(2)},
+                 "searched": text(2)} for i in range(150)]
+        assert engine.bulk_index(name, docs).failed == 0
+        engine.refresh(name)  # then half of them written again: deleted copies stay behind
+        assert engine.bulk_update(name, [(str(i), {"body": text(3)})
+                                         for i in range(0, 150, 2)]).failed == 0
+        engine.refresh(name)
+        words = ["car", "automobile", "the", "alpha", "bravo", "cars", "x-ray", "zulu"]
+        for fields in (["body"], ["body.plain"], ["all"], ["meta.note"], ["body", "meta.note"]):
+            counts = dfstats.index_counts(engine, name, words, fields, per_request=3)
+            stopword = [] if {"body", "all"} & set(fields) else ["the"]  # the stop analyzer's
+            assert sorted(counts) == sorted(["car", "automobile", "alpha", "bravo", "cars",
+                                             "zulu", *stopword]), fields
+            for word, count in counts.items():
+                found = engine.count(name, {"multi_match": {"query": word, "type": "phrase",
+                                                            "fields": fields}})
+                assert count >= found, (fields, word)
+            assert counts["zulu"] == 0
+        assert dfstats.index_counts(engine, name, words, ["body", "searched"]) == {}
+    finally:
+        engine.delete_index(name)
+
+
 def test_word_bounds_hold_and_spare_the_phrase_counts(engine: Engine,
                                                       index_settings: IndexSettings,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
@@ -370,11 +417,13 @@ def test_word_bounds_hold_and_spare_the_phrase_counts(engine: Engine,
             for basis in ("text", "both"):
                 exact = dfstats.document_frequencies(engine, index.name, surfaces, basis,
                                                      fields=fields)
-                bounds = dfstats.word_bounds(engine, index.name, surfaces, basis, fields,
-                                             proposed, n)
-                ranges = {t: bounds.range(t, p) for t, p in surfaces.items()}
-                assert {t: low <= exact[t] <= high for t, (low, high) in ranges.items()} \
-                    == dict.fromkeys(exact, True), (fields, basis)
+                for counted in (0, 2, len(surfaces)):  # one-word terms counted exactly
+                    bounds = dfstats.word_bounds(engine, index.name, surfaces, basis, fields,
+                                                 proposed, n, counted=counted)
+                    ranges = {t: bounds.range(t, p) for t, p in surfaces.items()}
+                    assert {t: low <= exact[t] <= high for t, (low, high) in ranges.items()} \
+                        == dict.fromkeys(exact, True), (fields, basis, counted)
+                    assert len(bounds.counted) == min(counted, 4)  # not x-ray: split
                 if fields == dfstats.TEXT_FIELDS and basis == "text":  # one word: exact
                     df = {p: exact[t] for t, p in surfaces.items()}
                     high = {p: ranges[t][1] for t, p in surfaces.items()}
@@ -384,6 +433,10 @@ def test_word_bounds_hold_and_spare_the_phrase_counts(engine: Engine,
                     # word found nowhere; a stopword (also counted 0) bounds nothing
                     assert high["zulu alpha"] == 0 and df["zulu"] == 0
                     assert high["the bravo alpha"] == min(df["bravo"], df["alpha"]) < n
+                    # asked for two, the two most common one-word terms are counted
+                    two = dfstats.word_bounds(engine, index.name, surfaces, basis, fields,
+                                              proposed, n, counted=2)
+                    assert set(two.counted) == {"alpha", "bravo"}
         sent: list[str] = []  # every search apply sends, as JSON
         msearch = engine.msearch
         monkeypatch.setattr(engine, "msearch", lambda name, bodies: sent.extend(
