@@ -128,6 +128,12 @@ def _word(word: str) -> bool:
     return word.isascii() and word.isalnum()
 
 
+def dictionary_words(text: str) -> bool:
+    """Whether each word of ``text`` is ASCII letters and digits, one term of a text field's
+    dictionary: what ``_counts`` counts whole, one word or (``pairs``) two."""
+    return all(_word(w) for w in text.split())
+
+
 def word_bounds(engine: Engine, index: str, terms: dict[str, str], basis: DfBasis,
                 fields: list[str], proposed: Mapping[str, int], n_docs: int, *,
                 counted: int = 0, batch: int = COUNTS_BATCH) -> Bounds:
@@ -280,11 +286,11 @@ def _counts(text: str, norm: str, bound: int, basis: DfBasis, fields: list[str],
         return body | {"terminate_after": bound} if stop else body
 
     words = text.split()
-    one_term = whole and len(fields) == 1 and 0 < len(words) <= (2 if pairs else 1) and all(
-        w.isascii() and w.isalnum() for w in words)
-    if (basis == "proposals" and whole) or (one_term and basis == "text"):
+    whole_term = whole and len(fields) == 1 and 0 < len(words) <= (2 if pairs else 1) and \
+        dictionary_words(text)
+    if (basis == "proposals" and whole) or (whole_term and basis == "text"):
         return [count(_clause(text, norm, basis, fields), stop=False)]
-    if one_term and basis == "both":
+    if whole_term and basis == "both":
         in_text = _clause(text, norm, "text", fields)
         only_proposed = {"bool": {"filter": [_clause(text, norm, "proposals", fields)],
                                   "must_not": [in_text]}}

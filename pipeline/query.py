@@ -189,8 +189,9 @@ def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None
              max_sketch_terms: int | None = None, *, pair_fields: Collection[str] = ()
              ) -> Validation:
     """Keep a phrase when some 1..max_n-word part of it has 0 < DF <= cap in ``fields``
-    (default: the enriched index); one ``_msearch`` for all the parts of all the phrases, each
-    counted as far as the decision needs (``dfstats.bounded_frequencies``).
+    (default: the enriched index), each part counted as far as the decision needs
+    (``dfstats.bounded_frequencies``): its words first, then only the longer parts of the
+    phrases no word of which decides (``part_frequencies``).
     ``max_sketch_terms``: at most this many distinct analysed terms take part — whole phrases
     in the sketch's order, a phrase that would go over is dropped (each term is one clause
     of the search, and clauses are what it costs; RM3's "expansion terms" in effect).
@@ -199,21 +200,65 @@ def validate(engine: Engine, index: str, phrases: Sequence[str], cap: int | None
                          max_sketch_terms, pair_fields=pair_fields)[""]
 
 
+def _qualifies(df: int, cap: int | None) -> bool:
+    return 0 < df and policies.keeps(df, cap)
+
+
+def part_frequencies(engine: Engine, index: str, parts: Mapping[str, Sequence[str]],
+                     cap: int | None, fields: Sequence[str], *,
+                     pair_fields: Collection[str] = ()) -> dict[str, int]:
+    """min(DF, cap + 1) of the parts (lower-cased) a decision on each phrase needs, ``parts``
+    being each phrase's 1..max_n-word parts. A phrase of common words is found by walking
+    its words' postings, a cost that grows with the collection, while one word is counted
+    from the term dictionary; and a phrase is kept as soon as one part qualifies. So the
+    words (and two-word parts where ``pair_fields`` index them as terms) are counted first,
+    in one ``_msearch``, and the longer parts only for the phrases none of whose words
+    qualifies, in a second one. A part with a word found in no document is in none (on one
+    field, where the field's own analysis says the word is no stopword: a stopword alone
+    counts 0 but bounds nothing), so it is not counted either. A part left out belongs only
+    to phrases already kept."""
+    bound = 1 if cap is None else cap + 1
+    pairs = len(fields) == 1 and fields[0] in pair_fields
+    every = {p.lower(): p for ps in parts.values() for p in ps}
+    words = {key: part for key, part in every.items()
+             if len(part.split()) <= (2 if pairs and dfstats.dictionary_words(part) else 1)}
+    single = sorted({w for part in every.values() for w in part.split()})
+    analysed = (_BESIDE.submit(engine.analyze, index, single, field=fields[0])
+                if len(fields) == 1 else None)
+    df = dfstats.bounded_frequencies(engine, index, words, bound, list(fields),
+                                     pair_fields=pair_fields)
+    tokens = dict(zip(single, analysed.result(), strict=True)) if analysed else {}
+    absent = {w.lower() for w in single if tokens.get(w) and df.get(w.lower()) == 0}
+    needed: dict[str, str] = {}
+    for phrase_parts in parts.values():
+        if any(_qualifies(df[p.lower()], cap) for p in phrase_parts if p.lower() in df):
+            continue
+        for part in phrase_parts:
+            key = part.lower()
+            if key in df or key in needed:
+                continue
+            if absent & set(key.split()):
+                df[key] = 0
+            else:
+                needed[key] = part
+    if needed:
+        df |= dfstats.bounded_frequencies(engine, index, needed, bound, list(fields),
+                                          pair_fields=pair_fields)
+    return df
+
+
 def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]],
                   cap: int | None, max_n: int,
                   fields: Sequence[str] = tuple(dfstats.ENRICHED_FIELDS),
                   max_sketch_terms: int | None = None, *, pair_fields: Collection[str] = ()
                   ) -> dict[str, Validation]:
     """``validate`` for many sketches at once (the bench: every query of a collection), with
-    one batched ``_analyze`` and one DF lookup for the parts of all of them, sent at once
-    (neither needs the other's answer: the parts are the phrases' words)."""
+    one batched ``_analyze`` and one DF lookup (``part_frequencies``) for the parts of all of
+    them, the ``_analyze`` sent beside the counts (neither needs the other's answer)."""
     flat = [(key, phrase) for key, phrases in sketches.items() for phrase in phrases]
     parts = {phrase: terms.ngrams(terms.words(phrase), max_n) for _, phrase in flat}
-    candidates = {p.lower(): p for ps in parts.values() for p in ps}
     analysed = _BESIDE.submit(terms.normalize, engine, index, [phrase for _, phrase in flat])
-    # 0, at most the cap, or over it is all a decision needs: counted up to cap + 1
-    df = dfstats.bounded_frequencies(engine, index, candidates, 1 if cap is None else cap + 1,
-                                     list(fields), pair_fields=pair_fields)
+    df = part_frequencies(engine, index, parts, cap, fields, pair_fields=pair_fields)
     norms = analysed.result()
     unique: dict[str, dict[str, str]] = {key: {} for key in sketches}  # phrase -> analysed
     out = {key: Validation([], [], {}) for key in sketches}
@@ -231,8 +276,9 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
         kept, dropped, searched = out[key]
         taken: set[str] = set()
         for phrase in phrases:
-            dfs = [df[p.lower()] for p in parts[phrase]]
-            if any(0 < d and policies.keeps(d, cap) for d in dfs):
+            # a part not counted belongs to a phrase a counted word keeps (part_frequencies)
+            dfs = [df[p.lower()] for p in parts[phrase] if p.lower() in df]
+            if any(_qualifies(d, cap) for d in dfs):
                 tokens = set(phrases[phrase].split())
                 if max_sketch_terms is not None and len(taken | tokens) > max_sketch_terms:
                     dropped.append(DroppedTerm(

@@ -3,13 +3,15 @@ two-clause query, caller phrasings, and a model that times out."""
 
 from __future__ import annotations
 
+import json
+import random
 import uuid
 from collections.abc import Iterator
 
 import pytest
 from fake_model import FakeModelServer
 
-from pipeline import enrich, query, terms
+from pipeline import dfstats, enrich, query, terms
 from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
 from pipeline.engine import Engine
 from pipeline.llm import ModelClient
@@ -196,6 +198,66 @@ def test_validation_on_a_multi_shard_index(cluster: Engine) -> None:
         assert many["b"][0] == ["backup"]
     finally:
         cluster.delete_index(name)
+
+
+@pytest.mark.parametrize("phrase_terms", [False, True])
+def test_validation_counts_a_phrase_only_where_no_word_decides(
+        engine: Engine, phrase_terms: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On both engines, 3 shards: validation decides every phrase as the exact DF of each
+    part would (filters aggregation), under caps from none to past the collection, while a
+    phrase one of whose words qualifies, or with a word found nowhere, is never counted as a
+    phrase (those counts walk their words' postings); stopwords and split words included."""
+    name = f"test-vw-{uuid.uuid4().hex[:8]}"
+    engine.create_index(IndexSettings(name=name, shards=3, phrase_terms=phrase_terms))
+    try:
+        rng = random.Random(3)
+        vocab = ["alpha", "bravo", "charlie", "delta", "echo", "of", "the", "x-ray"]
+        weights = [40, 25, 8, 3, 1, 10, 10, 3]
+        engine.bulk_index(name, [Document(f"d{i}", " ".join(rng.choices(vocab, weights, k=2)),
+                                          " ".join(rng.choices(vocab, weights, k=6))).to_index()
+                                 for i in range(240)])
+        engine.refresh(name)
+        phrases = ["delta alpha", "alpha bravo", "zulu alpha", "zulu yankee", "alpha x-ray",
+                   "bravo the", "echo", "alpha", "charlie delta", "x-ray zulu", "Alpha Bravo"]
+        parts = {p: terms.ngrams(terms.words(p), 2) for p in phrases}
+        exact = dfstats.document_frequencies(
+            engine, name, {q.lower(): q for ps in parts.values() for q in ps}, "text",
+            fields=dfstats.ENRICHED_FIELDS)
+        order = [exact[w] for w in ("echo", "delta", "charlie", "bravo", "alpha")]
+        assert 0 < order[0] and order == sorted(set(order))
+        sent: list[str] = []
+        msearch = engine.msearch
+        monkeypatch.setattr(engine, "msearch", lambda index, bodies: sent.extend(
+            json.dumps(b) for b in bodies) or msearch(index, bodies))
+        pairs = ("enriched",) if phrase_terms else ()
+        for cap in (None, 1, exact["delta"], exact["charlie"], exact["bravo"] - 1, 1000):
+            sent.clear()
+            got = query.validate(engine, name, phrases, cap, 2, pair_fields=pairs)
+            want_kept, want_dropped = [], {}
+            for phrase in phrases[:-1]:  # the last one repeats the second
+                dfs = [exact[q.lower()] for q in parts[phrase]]
+                if any(0 < d and (cap is None or d <= cap) for d in dfs):
+                    want_kept.append(phrase)
+                else:
+                    want_dropped[phrase] = ("not in the index (DF 0)" if not any(dfs)
+                                            else f"too common (DF > cap {cap})")
+            assert got.kept == want_kept, cap
+            assert {d.term: d.reason for d in got.dropped} == \
+                want_dropped | {"Alpha Bravo": "duplicate"}, cap
+            # phrase counts, not a two-word term's count from the dictionary
+            counted = {q for ps in parts.values() for q in ps if len(q.split()) > 1
+                       and any(f'"{q}"' in body for body in sent)
+                       and not (phrase_terms and dfstats.dictionary_words(q))}
+            decided_by_a_word = {q for p, ps in parts.items() for q in ps if len(q.split()) > 1
+                                 and any(0 < exact[w.lower()] and (cap is None or
+                                                                   exact[w.lower()] <= cap)
+                                         for w in q.split())}
+            assert not counted & (decided_by_a_word | {"zulu alpha", "zulu yankee",
+                                                       "x-ray zulu"}), cap
+            if cap == exact["bravo"] - 1 and not phrase_terms:
+                assert "alpha bravo" in counted  # both words too common: its count decides
+    finally:
+        engine.delete_index(name)
 
 
 def test_model_timeout_falls_back_to_plain_search(enriched: tuple[Engine, Settings]) -> None:
