@@ -12,21 +12,22 @@ What a DF counts (``basis``):
   common.
 
 A decision needs less than every DF: whether a term's DF is 0, at most the cap, or over it.
-``bounded_frequencies`` counts each term with a search that stops on each shard after cap + 1
-matches, or whole where the engine counts it from its term dictionary (one word, a proposed
-term), so its cost does not grow with the collection as a ``filters`` aggregation's does (it
-visits every match of every candidate): sketch validation uses it. ``apply`` counts in
-rounds, every term first with a low bound and then only the few whose count stopped there:
-``capped_frequencies`` under a cap known beforehand (ratio, absolute), ``top_frequencies``
-under the rank policy (the K-th largest DF). Before any of that, ``word_bounds`` gives
-each term a range its DF lies in, from its words' entries in the term dictionaries (read a
-few thousand words a request with ``_termvectors`` of an artificial document: not exact,
-deleted copies are in them, but never below a word's DF, so an upper bound) and the
-documents it was proposed for: a phrase is in no more documents than its rarest word, and
-the terms whose range already decides are not counted at all — most phrases under a high
-cap, whose counts walk their words' postings (the cost that grows with the collection).
-Exact DFs of every term (``sira stats``, the bench's grid over policies) still come from the
-aggregations.
+``bounded_frequencies`` counts each term with a search that stops on each shard after
+cap + 1 matches, or whole where the engine counts it from its term dictionary (one word, a
+proposed term), so its cost does not grow with the collection as a ``filters`` aggregation's
+does (it visits every match of every candidate): sketch validation uses it, for the words of
+its phrases first and their longer parts only where no word decides
+(``query.part_frequencies``). ``apply`` counts in rounds, every term first with a low bound
+and then only the few whose count stopped there: ``capped_frequencies`` under a cap known
+beforehand (ratio, absolute), ``top_frequencies`` under the rank policy (the K-th largest
+DF). Before any of that, ``word_bounds`` gives each term a range its DF lies in, from its
+words' entries in the term dictionaries (read a few thousand words a request with
+``_termvectors`` of an artificial document: not exact, deleted copies are in them, but never
+below a word's DF, so an upper bound) and the documents it was proposed for: a phrase is in
+no more documents than its rarest word, and the terms whose range already decides are not
+counted at all — most phrases under a high cap, whose counts walk their words' postings (the
+cost that grows with the collection). Exact DFs of every term (``sira stats``, the bench's
+grid over policies) still come from the aggregations.
 
 The filter policies built on them are in ``pipeline.policies``.
 """
