@@ -22,7 +22,7 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -206,41 +206,41 @@ def _qualifies(df: int, cap: int | None) -> bool:
 
 def part_frequencies(engine: Engine, index: str, parts: Mapping[str, Sequence[str]],
                      cap: int | None, fields: Sequence[str], *,
-                     pair_fields: Collection[str] = ()) -> dict[str, int]:
+                     pair_fields: Collection[str] = (),
+                     analysed: Callable[[], Mapping[str, str]] | None = None) -> dict[str, int]:
     """min(DF, cap + 1) of the parts (lower-cased) a decision on each phrase needs, ``parts``
     being each phrase's 1..max_n-word parts. A phrase of common words is found by walking
     its words' postings, a cost that grows with the collection, while one word is counted
     from the term dictionary; and a phrase is kept as soon as one part qualifies. So the
     words (and two-word parts where ``pair_fields`` index them as terms) are counted first,
     in one ``_msearch``, and the longer parts only for the phrases none of whose words
-    qualifies, in a second one. A part with a word found in no document is in none (on one
-    field, where the field's own analysis says the word is no stopword: a stopword alone
-    counts 0 but bounds nothing), so it is not counted either. A part left out belongs only
-    to phrases already kept."""
+    qualifies, in a second one, with the words the analyzer splits (``x-ray``, ``IL-6``: a
+    phrase of their pieces). ``analysed``: each word's analysed form in the one field
+    counted, where the caller has it; a part with a word found in no document is then in
+    none and is not counted (a stopword alone counts 0 too, but bounds nothing). A part left
+    out belongs only to phrases already kept."""
     bound = 1 if cap is None else cap + 1
     pairs = len(fields) == 1 and fields[0] in pair_fields
     every = {p.lower(): p for ps in parts.values() for p in ps}
-    words = {key: part for key, part in every.items()
-             if len(part.split()) <= (2 if pairs and dfstats.dictionary_words(part) else 1)}
-    single = sorted({w for part in every.values() for w in part.split()})
-    analysed = (_BESIDE.submit(engine.analyze, index, single, field=fields[0])
-                if len(fields) == 1 else None)
-    df = dfstats.bounded_frequencies(engine, index, words, bound, list(fields),
+    first = {key: part for key, part in every.items() if dfstats.dictionary_words(part)
+             and len(part.split()) <= (2 if pairs else 1)}
+    df = dfstats.bounded_frequencies(engine, index, first, bound, list(fields),
                                      pair_fields=pair_fields)
-    tokens = dict(zip(single, analysed.result(), strict=True)) if analysed else {}
-    absent = {w.lower() for w in single if tokens.get(w) and df.get(w.lower()) == 0}
+    undecided = [ps for ps in parts.values()
+                 if not any(_qualifies(df[p.lower()], cap) for p in ps if p.lower() in df)]
+    absent: set[str] = set()
+    if analysed and any(df.get(w) == 0 for ps in undecided for p in ps
+                        for w in p.lower().split()):
+        absent = {w.lower() for w, norm in analysed().items() if norm and df.get(w.lower()) == 0}
     needed: dict[str, str] = {}
-    for phrase_parts in parts.values():
-        if any(_qualifies(df[p.lower()], cap) for p in phrase_parts if p.lower() in df):
+    for part in (p for ps in undecided for p in ps):
+        key = part.lower()
+        if key in df or key in needed:
             continue
-        for part in phrase_parts:
-            key = part.lower()
-            if key in df or key in needed:
-                continue
-            if absent & set(key.split()):
-                df[key] = 0
-            else:
-                needed[key] = part
+        if absent & set(key.split()):
+            df[key] = 0
+        else:
+            needed[key] = part
     if needed:
         df |= dfstats.bounded_frequencies(engine, index, needed, bound, list(fields),
                                           pair_fields=pair_fields)
@@ -257,9 +257,16 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
     them, the ``_analyze`` sent beside the counts (neither needs the other's answer)."""
     flat = [(key, phrase) for key, phrases in sketches.items() for phrase in phrases]
     parts = {phrase: terms.ngrams(terms.words(phrase), max_n) for _, phrase in flat}
-    analysed = _BESIDE.submit(terms.normalize, engine, index, [phrase for _, phrase in flat])
-    df = part_frequencies(engine, index, parts, cap, fields, pair_fields=pair_fields)
-    norms = analysed.result()
+    # the own layout's enriched field is analysed as sira's enrichment fields (ANALYZED_AS),
+    # so the same _analyze tells which of the words are stopwords there
+    words = sorted({w for ps in parts.values() for p in ps for w in p.split()})
+    own = list(fields) == dfstats.ENRICHED_FIELDS
+    analysed = _BESIDE.submit(terms.normalize, engine, index,
+                              [phrase for _, phrase in flat] + (words if own else []))
+    df = part_frequencies(engine, index, parts, cap, fields, pair_fields=pair_fields,
+                          analysed=(lambda: dict(zip(words, analysed.result()[len(flat):],
+                                                     strict=True))) if own else None)
+    norms = analysed.result()[:len(flat)]
     unique: dict[str, dict[str, str]] = {key: {} for key in sketches}  # phrase -> analysed
     out = {key: Validation([], [], {}) for key in sketches}
     seen: dict[str, set[str]] = {key: set() for key in sketches}
