@@ -990,6 +990,9 @@ def bench_scale_cmd(
         "--aggregations/--no-aggregations", help="Also time the DF statistics gathered with "
         "aggregations (as before the bounded counts; hours past a few 100,000 documents).")]
     = True,
+    warm_up: Annotated[float, typer.Option(
+        help="Seconds of validations and searches of other queries before each size's timed "
+        "ones (an engine just started reads several times slower).", min=0)] = 60.0,
     out_dir: Annotated[Path, typer.Option("--out", help="Where scale.json, scale.md and "
                                           "scale.png go.")] = Path("bench-out"),
 ) -> None:
@@ -1033,7 +1036,7 @@ def bench_scale_cmd(
 
     results = scale.run(engine, settings, inputs, generator, measured, shard_counts,
                         out_dir / "work", scale.Plan(repeat, force_merge, plain_only, cap,
-                                                     aggregations),
+                                                     aggregations, warm_up),
                         say=lambda line: err.print(f"[{time.monotonic() - started:6.0f}s] {line}"),
                         landed=write)  # each row as it lands: a stopped run keeps them
     out.print(write(results))

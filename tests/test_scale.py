@@ -63,7 +63,7 @@ def test_bench_scale_on_the_sample(opensearch: Engine, tmp_path: Path,
             "--dataset", str(SAMPLE), "--proposals", str(RECORDED),
             "--sketches", str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test",
             "--sizes", "60,150,10000", "--measure-up-to", "150", "--shards", "1,2",
-            "--repeat", "1", "--out", str(out)]
+            "--repeat", "1", "--warm-up", "0", "--out", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "scale.json").read_text())
@@ -98,7 +98,7 @@ def test_bench_scale_plain_only_with_phrase_terms(opensearch: Engine, tmp_path: 
         "--index", name, "bench-scale", "--dataset", str(SAMPLE), "--proposals", str(RECORDED),
         "--sketches", str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test",
         "--sizes", "90,150,1000", "--measure-up-to", "150", "--shards", "1", "--repeat", "1",
-        "--plain-only", "--cap", "7", "--out", str(out)])
+        "--plain-only", "--cap", "7", "--warm-up", "0", "--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "scale.json").read_text())
     assert report["phrase_terms"] and report["plain_only"]
@@ -149,7 +149,8 @@ def test_bench_scale_keeps_the_rows_of_a_stopped_run(opensearch: Engine, tmp_pat
         "--index", f"test-scale-{uuid.uuid4().hex[:6]}", "bench-scale", "--dataset",
         str(SAMPLE), "--proposals", str(RECORDED), "--sketches",
         str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test", "--sizes", "90,150",
-        "--shards", "1", "--repeat", "1", "--plain-only", "--cap", "7", "--out", str(out)])
+        "--shards", "1", "--repeat", "1", "--plain-only", "--cap", "7", "--warm-up", "0",
+        "--out", str(out)])
     assert result.exit_code != 0
     rows = json.loads((out / "scale.json").read_text())["results"]["1"]
     assert [r["documents"] for r in rows] == [90]
