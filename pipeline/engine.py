@@ -35,6 +35,7 @@ from pipeline.schema import ENRICHED_FIELD, PHRASE_TERMS_META, TEXT_FIELD
 RETRY_ON_STATUS = (429, 502, 503, 504)
 UNREACHABLE_ATTEMPTS = 4  # an engine that refuses connections: a few quick tries, then an error
 BUSY_ITEM_WAITS = (1, 2, 4, 8, 16)  # seconds before bulk items refused as busy go again
+POOL_SIZE = 10  # connections an engine client keeps open (the elasticsearch client's default)
 
 
 @cache
@@ -270,7 +271,10 @@ class _OpenSearch:
         # opensearch-py names the client-wide timeout ``timeout``: given ``request_timeout``
         # it keeps its 10 s default without a word, and resends any request slower than that
         common = {("timeout" if k == "request_timeout" else k): v for k, v in common.items()}
-        return OpenSearch([url], headers=headers, **auth, **tls, **common)
+        # its pool keeps one connection unless told (the elasticsearch client keeps 10): a
+        # request sent beside another opened a connection of its own and dropped it after
+        return OpenSearch([url], headers=headers, pool_maxsize=POOL_SIZE, **auth, **tls,
+                          **common)
 
     @staticmethod
     def request(client: Any, method: str, path: str, body: Any) -> Any:

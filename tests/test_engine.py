@@ -177,3 +177,16 @@ def test_two_creators_of_one_index(engine: Engine, fresh_index: IndexSettings) -
 
     with mock.patch.object(engine, "index_exists", return_value=False):
         assert engine.create_index(fresh_index) is False
+
+
+def test_requests_at_once_keep_their_connections(engine: Engine,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Requests sent at the same time (validation's ``_analyze`` beside its counts) each keep
+    a pooled connection: none is opened for one request and dropped after it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with caplog.at_level("WARNING"), ThreadPoolExecutor(max_workers=4) as pool:
+        for _ in range(3):
+            list(pool.map(lambda _: engine.client.cluster.health(), range(4)))
+    dropped = [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()]
+    assert not dropped, dropped[0]
