@@ -228,10 +228,8 @@ def part_frequencies(engine: Engine, index: str, parts: Mapping[str, Sequence[st
                                      pair_fields=pair_fields)
     undecided = [ps for ps in parts.values()
                  if not any(_qualifies(df[p.lower()], cap) for p in ps if p.lower() in df)]
-    absent: set[str] = set()
-    if analysed and any(df.get(w) == 0 for ps in undecided for p in ps
-                        for w in p.lower().split()):
-        absent = {w.lower() for w, norm in analysed().items() if norm and df.get(w.lower()) == 0}
+    absent = {w.lower() for w, norm in (analysed() if analysed else {}).items()
+              if norm and df.get(w.lower()) == 0}
     needed: dict[str, str] = {}
     for part in (p for ps in undecided for p in ps):
         key = part.lower()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from pipeline.config import IndexSettings
@@ -183,8 +185,6 @@ def test_requests_at_once_keep_their_connections(engine: Engine,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     """Requests sent at the same time (validation's ``_analyze`` beside its counts) each keep
     a pooled connection: none is opened for one request and dropped after it."""
-    from concurrent.futures import ThreadPoolExecutor
-
     with caplog.at_level("WARNING"), ThreadPoolExecutor(max_workers=4) as pool:
         for _ in range(3):
             list(pool.map(lambda _: engine.client.cluster.health(), range(4)))

@@ -228,8 +228,7 @@ def _measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
     out["index_mb"] = engine.size(index) / 2**20
     out |= _settled(engine, index, plan, say)
     say("validation and search")
-    out |= _searches(engine, index, inputs, applied.cap, plan.repeat,
-                             plan.warm_up_s)
+    out |= _searches(engine, index, inputs, applied.cap, plan.repeat, plan.warm_up_s)
     return out
 
 
@@ -250,7 +249,7 @@ def _settled(engine: Engine, index: str, plan: Plan, say: Callable[[str], None])
 
 
 def _searches(engine: Engine, index: str, inputs: Inputs, cap: int | None, repeat: int,
-              warm_up_s: float = 0.0) -> dict:
+              warm_up_s: float) -> dict:
     pairs = Layout.of(engine.get_meta(index)).pair_fields
     # warm up on other phrases -- the sketches of the other queries, else the queries' own
     # words -- validated and searched as the timed ones will be, for ``warm_up_s`` at least
