@@ -23,11 +23,13 @@ beforehand (ratio, absolute), ``top_frequencies`` under the rank policy (the K-t
 DF). Before any of that, ``word_bounds`` gives each term a range its DF lies in, from its
 words' entries in the term dictionaries (read a few thousand words a request with
 ``_termvectors`` of an artificial document: not exact, deleted copies are in them, but never
-below a word's DF, so an upper bound) and the documents it was proposed for: a phrase is in
-no more documents than its rarest word, and the terms whose range already decides are not
-counted at all — most phrases under a high cap, whose counts walk their words' postings (the
-cost that grows with the collection). Exact DFs of every term (``sira stats``, the bench's
-grid over policies) still come from the aggregations.
+below a word's DF, so an upper bound; a word the analyzer splits by its rarest piece) and the
+documents it was proposed for: a phrase is in no more documents than its rarest word, and the
+terms whose range already decides are not counted at all — most phrases under a high cap,
+whose counts walk their words' postings (the cost that grows with the collection). The
+common words whose dictionary count (up to twice their DF right after the proposals were
+stored) keeps a range from deciding are counted first (``exact_words``). Exact DFs of every
+term (``sira stats``, the bench's grid over policies) still come from the aggregations.
 
 The filter policies built on them are in ``pipeline.policies``.
 """
@@ -38,8 +40,8 @@ import heapq
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
-from itertools import islice
+from dataclasses import dataclass, replace
+from itertools import islice, pairwise
 
 from pipeline.config import DfBasis
 from pipeline.engine import Engine
@@ -111,7 +113,7 @@ class Bounds:
 
     basis: DfBasis
     n_docs: int
-    # per ASCII word: at least the documents holding it in some field (a phrase of it is in
+    # per word: at least the documents holding it in some field (a phrase of it is in
     # no more); a word absent bounds nothing
     words: dict[str, int]
     counted: dict[str, int]  # the words counted exactly: their text DF as one-word terms
@@ -125,14 +127,10 @@ class Bounds:
         return max(text_low, in_proposals), min(text_high + in_proposals, self.n_docs)
 
 
-def _word(word: str) -> bool:
-    return word.isascii() and word.isalnum()
-
-
 def dictionary_words(text: str) -> bool:
     """Whether each word of ``text`` is ASCII letters and digits, one term of a text field's
     dictionary: what ``_counts`` counts whole, one word or (``pairs``) two."""
-    return all(_word(w) for w in text.split())
+    return all(w.isascii() and w.isalnum() for w in text.split())
 
 
 def word_bounds(engine: Engine, index: str, terms: dict[str, str], basis: DfBasis,
@@ -141,17 +139,18 @@ def word_bounds(engine: Engine, index: str, terms: dict[str, str], basis: DfBasi
     """Each term's DF range under ``basis`` (``text`` or ``both``), from its words and
     ``proposed``: the documents each term was proposed for (exact: the scan of the stored
     proposals, which ``sira.proposed_terms`` always repeats).
-    - Every distinct ASCII word of the terms is looked up in the term dictionary of each
+    - Every distinct word of the terms is looked up in the term dictionary of each
       field on each shard (``index_counts``, a few thousand words a request): at least the
       documents that hold it. A phrase's documents hold all its words in one field, so its
-      text DF is at most its rarest word's count, 0 where a word is in no document. Words
-      the analysis drops (stopwords), splits or may read differently at search time, and
-      other scripts, bound nothing; a phrase of nothing else has no bound but ``n_docs``.
+      text DF is at most its rarest word's count (a word the analyzer splits, ``IL-6``:
+      its rarest piece's), 0 where a word is in no document. Words the analysis drops
+      (stopwords), reads two ways or may read differently at search time bound nothing; a
+      phrase of nothing else has no bound but ``n_docs``.
     - The ``counted`` one-word terms of the largest such counts are counted exactly with a
       search each (the phrase query of their DF): their range is their DF (under ``both``,
       at least it and their proposals', at most the sum). The rank policy's floor comes
       from them; other terms' text DF is at least 0."""
-    words = sorted({w for text in terms.values() for w in text.split() if _word(w)})
+    words = sorted({w for text in terms.values() for w in text.split()})
     bounded = index_counts(engine, index, words, fields)
     singles = heapq.nlargest(counted, {t for t in terms.values() if t in bounded},
                              key=bounded.__getitem__)
@@ -165,18 +164,41 @@ def word_bounds(engine: Engine, index: str, terms: dict[str, str], basis: DfBasi
     return Bounds(basis, n_docs, bounded | exact, exact, proposed)
 
 
+def exact_words(engine: Engine, index: str, bounds: Bounds, terms: dict[str, str], level: int,
+                fields: list[str], batch: int = COUNTS_BATCH) -> Bounds:
+    """``bounds`` with the words that keep a term's range from deciding against ``level``
+    counted. A term dictionary counts the deleted copies an update leaves until a merge drops
+    them, and storing proposals rewrites every document just before apply: a word's count
+    reads up to twice its DF, over a level its DF is under. So each word of the terms whose
+    range straddles ``level`` (low under it, high at or over it) is counted with a search
+    stopping at ``level``, and one under it takes its DF for its count (and, as a one-word
+    term, for its range). They are the common words, a few hundred: far fewer searches than
+    the phrases they decide, each stopping at the level."""
+    straddling = (text for norm, text in terms.items()
+                  if (span := bounds.range(norm, text))[0] < level <= span[1])
+    words = {w: w for text in straddling for w in text.split()
+             if w in bounds.words and w not in bounds.counted}
+    counts, stopped = _bounded(engine, index, words, level, fields, "text", batch, (),
+                               whole=False)
+    exact = {w: count for w, count in counts.items() if w not in stopped}
+    return replace(bounds, words=bounds.words | exact, counted=bounds.counted | exact)
+
+
 WORDS_PER_REQUEST = 5000  # words per artificial document of index_counts
 
 
 def index_counts(engine: Engine, index: str, words: list[str], fields: list[str],
                  per_request: int = WORDS_PER_REQUEST) -> dict[str, int]:
-    """For each word that gives one token in each of ``fields``: the documents holding that
-    token summed over the fields and shards, from the term dictionaries (``_termvectors`` of
-    an artificial document of the words, one request per ``per_request`` words and shard).
-    At least the word's DF in those fields: deleted copies not merged away yet are counted
-    too. Words that give no token (stopwords) or several, and all words where a field is no
-    text field or its phrase queries are analysed otherwise than its values, are left out:
-    they bound nothing."""
+    """For each word (no whitespace) the analysis reads as one token or a row of pieces
+    (``x-ray``, ``IL-6``) in each of ``fields``: the documents holding its rarest piece,
+    per field, summed over the fields and shards, from the term dictionaries
+    (``_termvectors`` of an artificial document of the words, one request per
+    ``per_request`` words and shard). A phrase query of the word finds all its pieces in
+    one field, so this is at least the word's DF in those fields; deleted copies not merged
+    away yet are counted too. Words that give no token in some field (stopwords) or pieces
+    that overlap (the word kept beside its pieces, synonyms: the phrase finds either), and
+    all words where a field is no text field or its phrase queries are analysed otherwise
+    than its values, are left out: they bound nothing."""
     if not words or len(engine.concrete_indices(index)) != 1:
         return {}  # an alias over several indices: their term dictionaries are not one
     mapping = engine.get_mapping(index)
@@ -187,23 +209,34 @@ def index_counts(engine: Engine, index: str, words: list[str], fields: list[str]
     out: dict[str, int] = {}
     for first in range(0, len(words), per_request):
         chunk = words[first:first + per_request]
+        # the engine's offsets count UTF-16 code units
+        lengths = [len(word.encode("utf-16-le")) // 2 for word in chunk]
         starts = [0]
-        for word in chunk[:-1]:
-            starts.append(starts[-1] + len(word) + 1)
+        for length in lengths[:-1]:
+            starts.append(starts[-1] + length + 1)
         document = source_document(mapping, fields, " ".join(chunk))
-        tokens = [[0] * len(fields) for _ in chunk]
-        found = [0] * len(chunk)
+        # per word and field: the documents holding each piece, by its (start, end) offsets
+        pieces: list[list[Counter[tuple[int, int]]]] = [[Counter() for _ in fields]
+                                                        for _ in chunk]
         for shard in range(shards):
             statistics = engine.term_statistics(index, document, fields, shard)
             for f, field in enumerate(fields):
                 for start, end, docs in statistics.get(field, []):
                     i = bisect_right(starts, start) - 1
-                    if end > starts[i] + len(chunk[i]):
+                    if end > starts[i] + lengths[i]:
                         continue  # a token across words (shingles) bounds none of them
-                    found[i] += docs
-                    tokens[i][f] += shard == 0
-        out |= {w: found[i] for i, w in enumerate(chunk) if all(n == 1 for n in tokens[i])}
+                    pieces[i][f][start, end] += docs
+        for word, per_field in zip(chunk, pieces, strict=True):
+            if all(_in_a_row(found) for found in per_field):
+                out[word] = sum(min(found.values()) for found in per_field)
     return out
+
+
+def _in_a_row(pieces: Mapping[tuple[int, int], int]) -> bool:
+    """Whether a word's tokens (their offsets) follow one another without overlapping: one
+    reading of it, each token one the phrase query needs."""
+    spans = sorted(pieces)
+    return bool(spans) and all(end <= start for (_, end), (start, _) in pairwise(spans))
 
 
 def _indexed_as_searched(mapping: dict, settings: dict, field: str) -> bool:
@@ -227,11 +260,13 @@ def capped_frequencies(engine: Engine, index: str, terms: dict[str, str], bound:
     bound is high (apply under a cap known beforehand): every term counted up to
     FIRST_BOUND, one search each, then the few whose count stopped there up to ``bound``,
     whole where the engine counts them whole. Sketch validation, which waits for its
-    counts, takes one round instead. Given ``bounds``, a term whose range lies below the
+    counts, takes one round instead. Given ``bounds`` (with the words that keep a range
+    across the bound counted, ``exact_words``), a term whose range lies below the
     bound is not counted (its value: the range's low end, on the same side of the bound as
     its DF), nor one whose range starts at the bound (its value: the bound)."""
     decided: dict[str, int] = {}
     if bounds is not None:
+        bounds = exact_words(engine, index, bounds, terms, bound, fields, batch)
         for norm, text in terms.items():
             low, high = bounds.range(norm, text)
             if high < bound or low >= bound:
@@ -314,7 +349,8 @@ def top_frequencies(engine: Engine, index: str, terms: dict[str, str], k: int,
     count at or above the k-th largest DF, so the same decision as its DF under the cap that
     follows (``policies.Rank``).
 
-    Given ``bounds``, only the terms that may be among the k most common are counted: the
+    Given ``bounds`` (with the words that keep a range across the floor counted,
+    ``exact_words``), only the terms that may be among the k most common are counted: the
     k-th largest low end (``floor``) is at most the k-th largest DF, so a term whose range
     ends below it is not among them and is kept under the cap whatever its DF; its value is
     its low end, below the k-th largest DF, so the cap comes out the same."""
@@ -322,7 +358,9 @@ def top_frequencies(engine: Engine, index: str, terms: dict[str, str], k: int,
     if bounds is not None and terms:
         if k <= 0:  # no cap
             return {norm: bounds.range(norm, text)[0] for norm, text in terms.items()}
-        floor = heapq.nlargest(k, (bounds.range(n, t)[0] for n, t in terms.items()))[-1]
+        bounds = exact_words(engine, index, bounds, terms, _floor(bounds, terms, k), fields,
+                             batch)
+        floor = _floor(bounds, terms, k)  # the words counted raise one-word terms' ranges
         for norm, text in terms.items():
             low, high = bounds.range(norm, text)
             if high < floor:
@@ -337,6 +375,11 @@ def top_frequencies(engine: Engine, index: str, terms: dict[str, str], k: int,
                                   fields, basis, batch, pair_fields)
         counts |= again
     return decided | counts
+
+
+def _floor(bounds: Bounds, terms: dict[str, str], k: int) -> int:
+    """The k-th largest low end of the terms' ranges: at most the k-th largest DF."""
+    return heapq.nlargest(k, (bounds.range(n, t)[0] for n, t in terms.items()))[-1]
 
 
 def _kth_known(counts: dict[str, int], stopped: set[str], k: int) -> bool:

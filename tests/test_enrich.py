@@ -342,25 +342,39 @@ def test_index_counts_bound_what_phrase_queries_find(engine: Engine,
                                                     index_settings: IndexSettings) -> None:
     """On both engines, 3 shards, with the deleted copies updates leave: a word's count from
     the term dictionaries is at least the documents its phrase query finds, in a plain field,
-    a multi-field, a copy_to target and an object's field, and in several at once; stopwords
-    and words the analyzer splits are left out, and every word of a field searched with an
-    analyzer of its own (synonyms at search time, say, find more than the word's term)."""
+    a multi-field, a copy_to target and an object's field, and in several at once, words the
+    analyzer splits (their rarest piece) and words after characters outside the BMP
+    included; stopwords are left out, words whose pieces overlap (an analyzer that keeps the
+    word beside its pieces: the phrase finds the pieces apart too), and every word of a field
+    searched with an analyzer of its own (synonyms at search time, say, find more than the
+    word's term)."""
     name = f"{index_settings.name}-counts"
+    # a word kept beside its pieces: analysis-common's filter (the minimal Elasticsearch has
+    # not that module)
+    common = engine.capabilities.analysis == "english"
+    analysis = {"filter": {"pieces": {"type": "word_delimiter_graph", "preserve_original": True}},
+                "analyzer": {"pieces": {"tokenizer": "whitespace",
+                                        "filter": ["pieces", "lowercase"]}}}
+    subfields = {"plain": {"type": "text", "analyzer": "standard"}}
+    if common:
+        subfields["pieces"] = {"type": "text", "analyzer": "pieces"}
     engine.create(name, {
-        "settings": {"number_of_shards": 3, "number_of_replicas": 0},
+        "settings": {"number_of_shards": 3, "number_of_replicas": 0,
+                     **({"analysis": analysis} if common else {})},
         "mappings": {"properties": {
             "body": {"type": "text", "analyzer": "stop", "copy_to": "all",
-                     "fields": {"plain": {"type": "text", "analyzer": "standard"}}},
+                     "fields": subfields},
             "meta": {"properties": {"note": {"type": "text"}}},
             "all": {"type": "text", "analyzer": "stop"},
             "searched": {"type": "text", "analyzer": "whitespace",
                          "search_analyzer": "simple"}}}})
     try:
         rng = random.Random(3)
-        vocab = ["car", "automobile", "the", "alpha", "bravo", "cars", "x-ray"]
+        vocab = ["car", "automobile", "the", "alpha", "bravo", "cars", "x-ray", "ray", "x",
+                 "\U0001d6fc\U0001d6fc\U0001d6fc", "\U0001d6fd-sheet"]
 
         def text(k: int) -> str:
-            return " ".join(rng.choices(vocab, [5, 5, 3, 4, 2, 2, 1], k=k))
+            return " ".join(rng.choices(vocab, [5, 5, 3, 4, 2, 2, 1, 2, 2, 1, 1], k=k))
 
         docs = [{"_id": str(i), "body": text(3), "meta": {"note": text(2)},
                  "searched": text(2)} for i in range(150)]
@@ -369,17 +383,23 @@ def test_index_counts_bound_what_phrase_queries_find(engine: Engine,
         assert engine.bulk_update(name, [(str(i), {"body": text(3)})
                                          for i in range(0, 150, 2)]).failed == 0
         engine.refresh(name)
-        words = ["car", "automobile", "the", "alpha", "bravo", "cars", "x-ray", "zulu"]
-        for fields in (["body"], ["body.plain"], ["all"], ["meta.note"], ["body", "meta.note"]):
-            counts = dfstats.index_counts(engine, name, words, fields, per_request=3)
+        split = ["x-ray", "\U0001d6fd-sheet"]
+        words = ["car", "automobile", "the", "alpha", "bravo", "cars", *split, "zulu",
+                 "\U0001d6fc\U0001d6fc\U0001d6fc", "\U0001d6fe-zulu"]
+        for fields in (["body"], ["body.plain"], ["all"], ["meta.note"], ["body", "meta.note"],
+                       *([["body.pieces"]] if common else [])):
+            counts = dfstats.index_counts(engine, name, words, fields, per_request=4)
             stopword = [] if {"body", "all"} & set(fields) else ["the"]  # the stop analyzer's
+            pieces = [] if fields == ["body.pieces"] else [*split, "\U0001d6fe-zulu"]
             assert sorted(counts) == sorted(["car", "automobile", "alpha", "bravo", "cars",
-                                             "zulu", *stopword]), fields
+                                             "zulu", "\U0001d6fc\U0001d6fc\U0001d6fc",
+                                             *stopword, *pieces]), fields
             for word, count in counts.items():
                 found = engine.count(name, {"multi_match": {"query": word, "type": "phrase",
                                                             "fields": fields}})
                 assert count >= found, (fields, word)
-            assert counts["zulu"] == 0
+            assert counts["zulu"] == 0 and counts.get("\U0001d6fe-zulu", 0) == 0
+            assert all(counts[w] > 0 for w in pieces if "zulu" not in w), fields
         assert dfstats.index_counts(engine, name, words, ["body", "searched"]) == {}
     finally:
         engine.delete_index(name)
@@ -423,7 +443,7 @@ def test_word_bounds_hold_and_spare_the_phrase_counts(engine: Engine,
                     ranges = {t: bounds.range(t, p) for t, p in surfaces.items()}
                     assert {t: low <= exact[t] <= high for t, (low, high) in ranges.items()} \
                         == dict.fromkeys(exact, True), (fields, basis, counted)
-                    assert len(bounds.counted) == min(counted, 4)  # not x-ray: split
+                    assert len(bounds.counted) == min(counted, 5)  # x-ray too: its pieces
                 if fields == dfstats.TEXT_FIELDS and basis == "text":  # one word: exact
                     df = {p: exact[t] for t, p in surfaces.items()}
                     high = {p: ranges[t][1] for t, p in surfaces.items()}
@@ -433,6 +453,23 @@ def test_word_bounds_hold_and_spare_the_phrase_counts(engine: Engine,
                     # word found nowhere; a stopword (also counted 0) bounds nothing
                     assert high["zulu alpha"] == 0 and df["zulu"] == 0
                     assert high["the bravo alpha"] == min(df["bravo"], df["alpha"]) < n
+                    # the dictionaries count the copies the rewrites left: over alpha's DF
+                    # and a level just above it; counted, alpha and the phrases with it
+                    # lie under it
+                    none = dfstats.word_bounds(engine, index.name, surfaces, basis, fields,
+                                               proposed, n)
+                    alpha = next(t for t, p in surfaces.items() if p == "alpha")
+                    level = df["alpha"] + 1
+                    assert none.range(alpha, "alpha")[1] >= level
+                    for at in (1, 10, level, n):
+                        tight = dfstats.exact_words(engine, index.name, none, surfaces, at,
+                                                    fields)
+                        spans = {t: tight.range(t, p) for t, p in surfaces.items()}
+                        assert all(low <= exact[t] <= high for t, (low, high) in spans.items())
+                        if at == level:
+                            assert spans[alpha] == (df["alpha"], df["alpha"])
+                            assert all(spans[t][1] < level
+                                       for t, p in surfaces.items() if "alpha" in p.split())
                     # asked for two, the two most common one-word terms are counted
                     two = dfstats.word_bounds(engine, index.name, surfaces, basis, fields,
                                               proposed, n, counted=2)
