@@ -49,7 +49,7 @@ def timed(engine: Engine, index: str, sketches: dict[str, list[str]], cap: int |
     bounded = dfstats.bounded_frequencies
     if aggregation:
         dfstats.bounded_frequencies = (  # type: ignore[assignment]
-            lambda e, i, terms, bound, fields: {
+            lambda e, i, terms, bound, fields, *_, **__: {
                 n: min(d, bound) for n, d in dfstats.document_frequencies(
                     e, i, terms, "text", fields=fields).items()})
     try:
