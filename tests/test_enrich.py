@@ -490,6 +490,22 @@ def test_word_bounds_hold_and_spare_the_phrase_counts(engine: Engine,
                 assert table.bounded and policy.cap(n, table.df.values()) == cap, policy
                 assert {t: policies.keeps(df, cap) for t, df in table.df.items()} == \
                     {t: policies.keeps(df, cap) for t, df in exact.items()}, (basis, policy)
+                if isinstance(policy, policies.Rank) and cap is not None:
+                    # from a first bound of 2: a phrase under the cap is counted once, up to
+                    # the floor at once
+                    layout = Layout.of(engine.get_meta(index.name))
+                    fields = layout.phrase_fields(enriched=False)
+                    bounds = dfstats.word_bounds(engine, index.name, surfaces, basis, fields,
+                                                 proposed, n, counted=4 * policy.rank_k)
+                    sent.clear()
+                    top = dfstats.top_frequencies(engine, index.name, surfaces,
+                                                  policy.rank_k, basis, fields, first=2,
+                                                  step=2, pair_fields=layout.pair_fields,
+                                                  bounds=bounds)
+                    assert policy.cap(n, top.values()) == cap, policy
+                    counted = {p: sum(f'"{p}"' in body for body in sent)
+                               for t, p in surfaces.items() if " " in p and exact[t] <= cap}
+                    assert max(counted.values(), default=0) <= 1, (basis, policy, counted)
                 if policy in (policies.Rank(1), policies.Rank(2)):
                     # phrases of rare words are under the cap by their words' counts alone
                     assert not [p for p in rare if any(f'"{p}"' in body for body in sent)], \
