@@ -38,12 +38,13 @@ def kind_of(text: str, pairs: bool) -> str:
 
 
 def measure(engine, settings: Settings, corpus: Path, proposals: Path,  # noqa: ANN001
-            recount: bool) -> dict:  # noqa: ANN001
+            recount: bool, keep: bool) -> dict:  # noqa: ANN001
     index = settings.index.name
-    index_corpus(engine, settings, corpus, recreate=True)
-    batchfiles.import_proposals(engine, settings, proposals)
-    engine.refresh(index)
-    engine.wait_for_merges(index)
+    if not (keep and engine.index_exists(index)):
+        index_corpus(engine, settings, corpus, recreate=True)
+        batchfiles.import_proposals(engine, settings, proposals)
+        engine.refresh(index)
+        engine.wait_for_merges(index)
     out: dict = {"documents": engine.count(index)}
     # as apply gathers them (the first time: the engine's caches cold)
     policy = Profile.from_settings(settings.enrich).filter_policy()
@@ -79,7 +80,8 @@ def measure(engine, settings: Settings, corpus: Path, proposals: Path,  # noqa: 
     out["outside_counts_s"] = out["term_table_s"] - sum(r["s"] for r in rounds)
     out["cap"] = policy.cap(table.n_docs, table.df.values())
     if not recount:
-        engine.delete_index(index)
+        if not keep:
+            engine.delete_index(index)
         return out
     # then its parts again, one by one (the counts are size-0 searches: the shard request
     # cache would answer them the second time)
@@ -102,7 +104,8 @@ def measure(engine, settings: Settings, corpus: Path, proposals: Path,  # noqa: 
         out[kind] = {"terms": len(terms), "s": round(took, 2),
                      "us_per_term": round(took / len(terms) * 1e6, 1),
                      "stopped": len(halted)}
-    engine.delete_index(index)
+    if not keep:
+        engine.delete_index(index)
     return out
 
 
@@ -114,6 +117,8 @@ def main() -> None:
     parser.add_argument("--no-recount", action="store_true", help="only the term table as "
                         "apply gathers it, not every candidate term again by kind (hours "
                         "at 1,000,000 documents)")
+    parser.add_argument("--keep", action="store_true", help="keep each index, and measure "
+                        "one kept before again instead of building it (warm)")
     args = parser.parse_args()
     proposals = args.dataset / "recorded/proposals.jsonl"
     base = Settings()
@@ -129,7 +134,7 @@ def main() -> None:
                                                    Path(folder) / str(size))
             print(json.dumps({"size": size, "phrase_terms": base.index.phrase_terms}
                              | measure(engine, settings, corpus, props,
-                                       not args.no_recount)), flush=True)
+                                       not args.no_recount, args.keep)), flush=True)
 
 
 if __name__ == "__main__":
