@@ -215,9 +215,9 @@ def index_counts(engine: Engine, index: str, words: list[str], fields: list[str]
         for length in lengths[:-1]:
             starts.append(starts[-1] + length + 1)
         document = source_document(mapping, fields, " ".join(chunk))
-        # per word and field: the documents holding each piece, by its (start, end) offsets
-        pieces: list[list[Counter[tuple[int, int]]]] = [[Counter() for _ in fields]
-                                                        for _ in chunk]
+        # per word with a token, per field: the documents holding each piece, by its (start,
+        # end) offsets (plain dicts, made as tokens come: a few million words at a time)
+        pieces: dict[int, list[dict[tuple[int, int], int]]] = {}
         for shard in range(shards):
             statistics = engine.term_statistics(index, document, fields, shard)
             for f, field in enumerate(fields):
@@ -225,10 +225,11 @@ def index_counts(engine: Engine, index: str, words: list[str], fields: list[str]
                     i = bisect_right(starts, start) - 1
                     if end > starts[i] + lengths[i]:
                         continue  # a token across words (shingles) bounds none of them
-                    pieces[i][f][start, end] += docs
-        for word, per_field in zip(chunk, pieces, strict=True):
+                    found = pieces.get(i) or pieces.setdefault(i, [{} for _ in fields])
+                    found[f][start, end] = found[f].get((start, end), 0) + docs
+        for i, per_field in pieces.items():
             if all(_in_a_row(found) for found in per_field):
-                out[word] = sum(min(found.values()) for found in per_field)
+                out[chunk[i]] = sum(min(found.values()) for found in per_field)
     return out
 
 
