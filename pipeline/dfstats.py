@@ -195,10 +195,11 @@ def index_counts(engine: Engine, index: str, words: list[str], fields: list[str]
     (``_termvectors`` of an artificial document of the words, one request per
     ``per_request`` words and shard). A phrase query of the word finds all its pieces in
     one field, so this is at least the word's DF in those fields; deleted copies not merged
-    away yet are counted too. Words that give no token in some field (stopwords) or pieces
-    that overlap (the word kept beside its pieces, synonyms: the phrase finds either), and
-    all words where a field is no text field or its phrase queries are analysed otherwise
-    than its values, are left out: they bound nothing."""
+    away yet are counted too. Tokens at the same offsets (synonyms) count together: the
+    phrase finds either. Words that give no token in some field (stopwords) or pieces that
+    overlap otherwise (the word kept beside its pieces: the phrase finds the pieces apart
+    too), and all words where a field is no text field or its phrase queries are analysed
+    otherwise than its values, are left out: they bound nothing."""
     if not words or len(engine.concrete_indices(index)) != 1:
         return {}  # an alias over several indices: their term dictionaries are not one
     mapping = engine.get_mapping(index)
@@ -234,8 +235,9 @@ def index_counts(engine: Engine, index: str, words: list[str], fields: list[str]
 
 
 def _in_a_row(pieces: Mapping[tuple[int, int], int]) -> bool:
-    """Whether a word's tokens (their offsets) follow one another without overlapping: one
-    reading of it, each token one the phrase query needs."""
+    """Whether a word's tokens (their offsets; tokens at the same offsets are one, counted
+    together) follow one another without overlapping: one reading of it, each token one the
+    phrase query needs."""
     spans = sorted(pieces)
     return bool(spans) and all(end <= start for (_, end), (start, _) in pairwise(spans))
 

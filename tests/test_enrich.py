@@ -352,12 +352,16 @@ def test_index_counts_bound_what_phrase_queries_find(engine: Engine,
     # a word kept beside its pieces: analysis-common's filter (the minimal Elasticsearch has
     # not that module)
     common = engine.capabilities.analysis == "english"
-    analysis = {"filter": {"pieces": {"type": "word_delimiter_graph", "preserve_original": True}},
+    analysis = {"filter": {"pieces": {"type": "word_delimiter_graph", "preserve_original": True},
+                           "same": {"type": "synonym", "synonyms": ["car, automobile"]}},
                 "analyzer": {"pieces": {"tokenizer": "whitespace",
-                                        "filter": ["pieces", "lowercase"]}}}
+                                        "filter": ["pieces", "lowercase"]},
+                             "same": {"tokenizer": "standard",
+                                      "filter": ["lowercase", "same"]}}}
     subfields = {"plain": {"type": "text", "analyzer": "standard"}}
     if common:
         subfields["pieces"] = {"type": "text", "analyzer": "pieces"}
+        subfields["same"] = {"type": "text", "analyzer": "same"}  # synonyms: counted together
     engine.create(name, {
         "settings": {"number_of_shards": 3, "number_of_replicas": 0,
                      **({"analysis": analysis} if common else {})},
@@ -387,10 +391,14 @@ def test_index_counts_bound_what_phrase_queries_find(engine: Engine,
         words = ["car", "automobile", "the", "alpha", "bravo", "cars", *split, "zulu",
                  "\U0001d6fc\U0001d6fc\U0001d6fc", "\U0001d6fe-zulu"]
         for fields in (["body"], ["body.plain"], ["all"], ["meta.note"], ["body", "meta.note"],
-                       *([["body.pieces"]] if common else [])):
+                       *([["body.pieces"], ["body.same"]] if common else [])):
             counts = dfstats.index_counts(engine, name, words, fields, per_request=4)
             stopword = [] if {"body", "all"} & set(fields) else ["the"]  # the stop analyzer's
             pieces = [] if fields == ["body.pieces"] else [*split, "\U0001d6fe-zulu"]
+            if fields == ["body.same"]:  # a word and its synonym: either one's documents
+                plain = dfstats.index_counts(engine, name, ["car", "automobile"],
+                                             ["body.plain"])
+                assert counts["car"] == counts["automobile"] >= max(plain.values())
             assert sorted(counts) == sorted(["car", "automobile", "alpha", "bravo", "cars",
                                              "zulu", "\U0001d6fc\U0001d6fc\U0001d6fc",
                                              *stopword, *pieces]), fields
