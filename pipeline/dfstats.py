@@ -154,13 +154,9 @@ def word_bounds(engine: Engine, index: str, terms: dict[str, str], basis: DfBasi
     bounded = index_counts(engine, index, words, fields)
     singles = heapq.nlargest(counted, {t for t in terms.values() if t in bounded},
                              key=bounded.__getitem__)
-    exact: dict[str, int] = {}
-    searches = ((w, {"size": 0, "track_total_hits": True,
-                     "query": _clause(w, w, "text", fields)}) for w in singles)
-    while chunk := list(islice(searches, batch)):
-        for (w, _), response in zip(chunk, engine.msearch(index, [b for _, b in chunk]),
-                                    strict=True):
-            exact[w] = int(response["hits"]["total"]["value"])
+    # whole: a bound past the collection never stops a count
+    exact, _ = _bounded(engine, index, {w: w for w in singles}, n_docs + 1, fields, "text",
+                        batch, ())
     return Bounds(basis, n_docs, bounded | exact, exact, proposed)
 
 
