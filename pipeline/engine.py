@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import random
+import socket
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from importlib import resources
@@ -36,6 +41,8 @@ RETRY_ON_STATUS = (429, 502, 503, 504)
 UNREACHABLE_ATTEMPTS = 4  # an engine that refuses connections: a few quick tries, then an error
 BUSY_ITEM_WAITS = (1, 2, 4, 8, 16)  # seconds before bulk items refused as busy go again
 POOL_SIZE = 10  # connections an engine client keeps open (the elasticsearch client's default)
+# sira's own hidden index holding a document per index whose _meta a sira process is writing
+META_LOCK_INDEX = "sira-locks"
 
 
 @cache
@@ -103,6 +110,17 @@ def _with_backoff(send: Callable, retry_s: float, resent: Counter[str]) -> Calla
 
 class EngineUnavailable(RuntimeError):
     """No engine is configured, or the configured one cannot be reached."""
+
+
+def meta_hold_s(engine: EngineSettings) -> float:
+    """The longest a ``_meta`` write can hold its lock: two requests (read, write), each
+    sent again for up to ``retry_s`` and waited on for ``request_timeout``."""
+    return 2 * (engine.retry_s + engine.request_timeout) + 10
+
+
+class MetaBusy(EngineUnavailable):
+    """Another sira process held the lock on an index's ``_meta`` for longer than a write
+    of it can take, and had not let go."""
 
 
 class SearchRefused(RuntimeError):
@@ -306,6 +324,10 @@ class Engine:
         self.url = redact_url(url)
         # requests sent again after a busy answer or a timeout, by why ("429", "timeout" ...)
         self.resent: Counter[str] = Counter()
+        # the longest a _meta write (two requests, each sent again for up to retry_s) can
+        # hold its lock: older locks are a stopped process's, and taken over
+        self.meta_hold_s = meta_hold_s(EngineSettings())
+        self._lock_index_ready = False
 
     # -- connecting ----------------------------------------------------------------------
 
@@ -325,6 +347,7 @@ class Engine:
                   "retry_on_timeout": False, "retry_on_status": ()}
         client = CLIENTS[engine.kind].make(url, engine, password, api_key, tls, common)
         connected = cls(client, engine.kind, url)
+        connected.meta_hold_s = meta_hold_s(engine)
         client.transport.perform_request = _with_backoff(
             client.transport.perform_request, engine.retry_s, connected.resent)
         return connected
@@ -638,9 +661,10 @@ class Engine:
 
     def put_meta(self, index: str, meta: dict) -> None:
         """Merge ``meta`` into the index's ``_meta`` (collection-level facts such as the
-        active filter); the engine replaces ``_meta`` whole, so the rest is read first."""
-        self.client.indices.put_mapping(index=index,
-                                        body={"_meta": {**self.get_meta(index), **meta}})
+        active filter), keeping every other entry."""
+        with self._meta_lock(index):
+            self.client.indices.put_mapping(index=index,
+                                            body={"_meta": {**self.get_meta(index), **meta}})
 
     def get_meta(self, index: str) -> dict:
         return dict(self.get_mapping(index).get("_meta", {}))
@@ -648,8 +672,70 @@ class Engine:
     def drop_meta(self, index: str, keys: Iterable[str]) -> None:
         """Remove ``keys`` from the index's ``_meta``, keeping the rest."""
         gone = set(keys)
-        self.client.indices.put_mapping(index=index, body={"_meta": {
-            k: v for k, v in self.get_meta(index).items() if k not in gone}})
+        with self._meta_lock(index):
+            self.client.indices.put_mapping(index=index, body={"_meta": {
+                k: v for k, v in self.get_meta(index).items() if k not in gone}})
+
+    @contextmanager
+    def _meta_lock(self, index: str) -> Iterator[None]:
+        """Hold the lock on ``index``'s ``_meta`` among sira's processes. The engine replaces
+        ``_meta`` whole and has no conditional mapping update, so each write reads it first;
+        two at once (a job's heartbeat, a follower's round, ``apply``, ``profile apply``)
+        would each drop what the other wrote. The lock is a document created in
+        META_LOCK_INDEX (creating fails while it exists), deleted after the write; one older
+        than ``meta_hold_s`` is a stopped process's and is taken over. A writer outside sira
+        that replaces ``_meta`` at the same moment is not held back: the engine cannot."""
+        self._ensure_lock_index()
+        path = f"/{META_LOCK_INDEX}/_doc/{index}"
+        mine = {"index": index, "host": socket.gethostname(), "pid": os.getpid(),
+                "token": uuid.uuid4().hex, "at": time.time()}
+        give_up = time.monotonic() + 2 * self.meta_hold_s  # locks kept fresh that long
+        while True:
+            try:
+                taken = self._request("PUT", f"{path}?op_type=create", mine)
+                break
+            except Exception as exc:
+                if status_of(exc) != 409:
+                    raise
+            held = dict(self.vendor.get(self.client, META_LOCK_INDEX, index))
+            if not held.get("found"):
+                continue  # let go a moment ago
+            holder = held["_source"]
+            if time.time() - float(holder.get("at", 0)) > self.meta_hold_s:
+                self._release(path, held)  # a stopped process's: take it over
+                continue
+            if time.monotonic() > give_up:
+                raise MetaBusy(
+                    f"the _meta of {index} is locked by {holder.get('host')} (pid "
+                    f"{holder.get('pid')}) since {time.ctime(float(holder.get('at', 0)))}; "
+                    f"delete document {index} of index {META_LOCK_INDEX} if that process "
+                    "is gone")
+            time.sleep(random.uniform(0.02, 0.2))
+        try:
+            yield
+        finally:
+            self._release(path, taken)
+
+    def _release(self, path: str, held: Mapping[str, Any]) -> None:
+        """Delete the lock document if it is still the one ``held`` (else another process
+        took it over: it is theirs now)."""
+        try:
+            self._request("DELETE", f"{path}?if_seq_no={held['_seq_no']}"
+                                    f"&if_primary_term={held['_primary_term']}")
+        except Exception as exc:
+            if status_of(exc) not in (404, 409):
+                raise
+
+    def _ensure_lock_index(self) -> None:
+        if self._lock_index_ready:
+            return
+        if not self.index_exists(META_LOCK_INDEX):
+            self.create(META_LOCK_INDEX, {
+                "settings": {"index": {"number_of_shards": 1, "auto_expand_replicas": "0-1",
+                                       "hidden": True}},
+                "mappings": {"dynamic": False, "properties": {
+                    "index": {"type": "keyword"}, "at": {"type": "double"}}}})
+        self._lock_index_ready = True
 
     def analyze(self, index: str, texts: list[str], *, analyzer: str | None = None,
                 field: str | None = None, max_chars: int = 40_000) -> list[list[str]]:
@@ -746,6 +832,8 @@ def describe_error(exc: BaseException, url: str | None = None) -> str | None:
     import opensearchpy
 
     where = f" at {redact_url(url)}" if url else ""
+    if isinstance(exc, MetaBusy):
+        return str(exc)
     if isinstance(exc, _unreachable_errors()):
         detail = str(getattr(exc, "info", None) or exc).splitlines()[0][:200]
         return f"cannot reach the engine{where}: {detail}"

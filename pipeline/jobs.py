@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import attach, enrich
 from pipeline.config import Settings
-from pipeline.engine import BulkResult, Engine, ItemFailure, transient_errors
+from pipeline.engine import BulkResult, Engine, ItemFailure, MetaBusy, transient_errors
 from pipeline.loaders import CorpusError, Document, LoadReport, iter_corpus, iter_jsonl_objects
 from pipeline.profile import Profile
 from pipeline.schema import ENRICHED, FAILED, OWN, PROPOSED, QUEUED, SIRA, Layout, sira_of
@@ -352,7 +352,7 @@ class Heartbeat:
             else:
                 beats[self.job] = {"at": now, "host": socket.gethostname(), "pid": os.getpid()}
             self.engine.put_meta(self.index, {JOBS_META: beats})
-        except transient_errors():
+        except (*transient_errors(), MetaBusy):
             return  # the wait loop notices an unreachable engine on its own
         except Exception as exc:
             raise JobFailed(f"the engine refuses to record the job in {self.index}'s _meta: "

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from conftest import EngineFarm
 
 from pipeline.config import IndexSettings
-from pipeline.engine import Engine
+from pipeline.engine import META_LOCK_INDEX, Engine, MetaBusy, describe_error
 
 DOCS = [
     {"_id": "d1", "title": "Running dogs", "text": "The dog's owners were running in the park."},
@@ -190,3 +193,69 @@ def test_requests_at_once_keep_their_connections(engine: Engine,
             list(pool.map(lambda _: engine.client.cluster.health(), range(4)))
     dropped = [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()]
     assert not dropped, dropped[0]
+
+
+def test_meta_writers_at_once_keep_each_others_entries(engine: Engine,
+                                                       fresh_index: IndexSettings,
+                                                       farm: EngineFarm) -> None:
+    """The engine replaces ``_meta`` whole, so each write reads it first: four writers at
+    once (a job's heartbeat, a follower's round, ``apply``, ``profile apply``; each its own
+    connection, as its own process would have) lose none of each other's entries, nor one
+    the index's owner wrote."""
+    index, rounds, writers = fresh_index.name, 8, ["a", "b", "c", "d"]
+    engine.client.indices.put_mapping(index=index, body={"_meta": {"owner": {"team": "x"}}})
+    connections = {key: farm.engine(engine.kind) for key in writers}
+
+    def write(key: str) -> None:
+        own = connections[key]
+        for i in range(rounds):
+            own.put_meta(index, {key: i})
+        own.drop_meta(index, [f"{key}-never-written"])
+
+    with ThreadPoolExecutor(max_workers=len(writers)) as pool:
+        list(pool.map(write, writers))
+    for connection in connections.values():
+        connection.close()
+    meta = engine.get_meta(index)
+    assert {k: meta.get(k) for k in writers} == dict.fromkeys(writers, rounds - 1)
+    assert meta["owner"] == {"team": "x"}
+    assert engine.get(META_LOCK_INDEX, index) is None  # each let go
+
+
+def test_a_stopped_writers_meta_lock_is_taken_over(engine: Engine,
+                                                   fresh_index: IndexSettings) -> None:
+    """A process stopped while it held the lock on an index's ``_meta`` blocks the others
+    only until the lock is older than a write can take; one kept fresh that long is an
+    error naming its holder."""
+    index = fresh_index.name
+    lock = f"/{META_LOCK_INDEX}/_doc/{index}"
+    engine.put_meta(index, {"first": 1})  # creates the lock index
+    engine._request("PUT", lock, {"index": index, "host": "gone", "pid": 1, "at": 0})
+    engine.put_meta(index, {"second": 2})
+    assert engine.get_meta(index) == {"first": 1, "second": 2}
+    assert engine.get(META_LOCK_INDEX, index) is None
+
+    hold, stop = engine.meta_hold_s, threading.Event()
+
+    def hold_it() -> None:
+        engine._request("PUT", lock, {"index": index, "host": "busy-host", "pid": 7,
+                                      "at": time.time()})
+
+    def keep_fresh() -> None:
+        while not stop.wait(0.1):
+            hold_it()
+
+    hold_it()
+    keeper = threading.Thread(target=keep_fresh)
+    engine.meta_hold_s = 0.5
+    keeper.start()
+    try:
+        with pytest.raises(MetaBusy, match="locked by busy-host") as busy:
+            engine.put_meta(index, {"third": 3})
+        assert describe_error(busy.value) == str(busy.value)  # the CLI's one line
+    finally:
+        stop.set()
+        keeper.join()
+        engine.meta_hold_s = hold
+        engine._request("DELETE", lock)
+    assert engine.get_meta(index) == {"first": 1, "second": 2}
