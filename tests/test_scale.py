@@ -7,6 +7,7 @@ import json
 import re
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,45 @@ def test_generated_documents_follow_the_recorded_sample() -> None:
     lengths = [len(words_of(d["text"])) for d, _ in made]
     real = [len(words_of(json.loads(line)["text"])) for line in (SAMPLE / "corpus.jsonl").open()]
     assert min(real) <= min(lengths) and max(lengths) <= max(real)
+
+
+def test_generated_words_cluster_in_documents_as_real_ones_do(tmp_path: Path) -> None:
+    """Real words cluster in the documents about them: a word used 60 times is in 20
+    documents, not 57. The generator draws words at their document frequencies and repeats
+    words within a document as often as the real ones do, so common words are in as many
+    documents as in the real collection (drawn independently, a mid-frequency word was in two
+    to four times as many)."""
+    rng = np.random.default_rng(1)
+    general = [made_up_word(r) for r in range(1000, 1300)]
+    topics = [[made_up_word(r) for r in range(10 * t + 1, 10 * t + 11)] for t in range(20)]
+    docs, recorded = [], []
+    for i in range(400):
+        about = topics[i % 20]  # each document repeats the words of its topic
+        words = list(rng.choice(about, 30)) + list(rng.choice(general, 30))
+        rng.shuffle(words)
+        docs.append({"_id": f"r{i}", "title": "", "text": " ".join(words)})
+        key = general[i % 300]  # a term proposed for one or two documents each
+        recorded.append({"doc_id": f"r{i}", "terms": [key, "zuvax"], "key": [key],
+                         "new": ["zuvax"]})
+    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    proposals = tmp_path / "proposals.jsonl"
+    proposals.write_text("".join(json.dumps(r) + "\n" for r in recorded))
+
+    def by_documents(texts: list[str]) -> list[int]:
+        seen = Counter(w for t in texts for w in set(words_of(t)))
+        return sorted(seen.values(), reverse=True)
+
+    generator = Generator.fit(tmp_path, proposals)
+    made = [d["text"] for d, _ in generator.documents(400, seed=2)]
+    real, generated = by_documents([d["text"] for d in docs]), by_documents(made)
+    for rank in (1, 50, 250, 400):
+        assert generated[rank - 1] == pytest.approx(real[rank - 1], rel=0.25), rank
+    real_words = [words_of(d["text"]) for d in docs]
+    assert generator.repeat == pytest.approx(
+        1 - sum(len(set(w)) for w in real_words) / sum(len(w) for w in real_words))
+    made_words = [words_of(t) for t in made]
+    repeated = 1 - sum(len(set(w)) for w in made_words) / sum(len(w) for w in made_words)
+    assert repeated == pytest.approx(generator.repeat, abs=0.05)
 
 
 def test_bench_scale_on_the_sample(opensearch: Engine, tmp_path: Path,

@@ -1,10 +1,15 @@
 """Realistic documents and proposals in any number, for ``sira bench-scale``: a generator
 fitted on a real BEIR collection and the proposals recorded for it.
 
-- Words: a Zipf-Mandelbrot law over an unbounded vocabulary, P(rank r) ~ (r + q)^-a, so the
-  vocabulary seen grows like the real one (Heaps' law: a from the real collection's growth
+- Words: a Zipf-Mandelbrot law over an unbounded vocabulary, P(rank r) ~ (r + q)^-a, fitted
+  on each real document's distinct words (so that its draws follow document frequencies), so
+  the vocabulary seen grows like the real one (Heaps' law: a from the real collection's growth
   exponent, q so that the vocabulary at the real collection's size matches); rank r is the
-  collection's r-th most frequent word, made-up words past its vocabulary.
+  collection's r-th most frequent word, made-up words past its vocabulary. A word repeats an
+  earlier word of its document (any of them alike, so words already repeated repeat more) as
+  often as real words do: words drawn independently put a mid-frequency word into two to
+  four times as many documents as real text does, where words cluster in the documents
+  about them.
 - Lengths: title and text lengths drawn from the real documents'.
 - Proposals: as many per document as a recorded document has, the recorded share of them
   found in the document ("key"), each class from a Zipf-Mandelbrot law of its own fitted the
@@ -24,7 +29,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +37,7 @@ import numpy as np
 WORD = re.compile(r"[^\W_]+")
 CONSONANTS, VOWELS = "bdfgklmnprstvz", "aiou"  # made-up words the stemmer leaves alone
 MAX_RANK = 2**40
+HEAD_MIN_DF = 2
 
 
 def made_up_word(rank: int) -> str:
@@ -50,8 +56,9 @@ class Zipf:
     a: float
     q: float
 
-    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        y = (1 + self.q) * rng.random(n) ** (-1 / (self.a - 1))
+    def draw(self, rng: np.random.Generator, n: int, past: int = 0) -> np.ndarray:
+        """``n`` ranks, each above ``past`` (the law's tail beyond it)."""
+        y = (past + 1 + self.q) * rng.random(n) ** (-1 / (self.a - 1))
         return np.minimum(np.floor(y - self.q), MAX_RANK).astype(np.int64)
 
     def expected_distinct(self, n: float, ranks: int = 2_000_000) -> float:
@@ -101,6 +108,11 @@ class Generator:
     key_share: float
     key_lengths: np.ndarray  # words per key term
     new_lengths: np.ndarray  # words per new term
+    repeat: float = 0.0  # the share of a document's words that repeat an earlier one of it
+    # the words in at least HEAD_MIN_DF real documents, drawn at their rate: cumulative
+    # probabilities by rank, and the share of draws that are theirs
+    head: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    head_share: float = 0.0
 
     @classmethod
     def fit(cls, dataset: Path, proposals: Path, seed: int = 7) -> Generator:
@@ -108,22 +120,23 @@ class Generator:
         docs = [json.loads(line) for line in (dataset / "corpus.jsonl").open(encoding="utf-8")]
         order = rng.permutation(len(docs))
         ids: dict[str, int] = {}
-        stream: list[int] = []
+        stream: list[int] = []  # each document's distinct words, in order
         freq: Counter[str] = Counter()
         titles, texts = [], []
         for i in order:
             title, text = words_of(docs[i].get("title") or ""), words_of(docs[i]["text"])
             titles.append(len(title))
             texts.append(len(text))
-            for w in title + text:
+            for w in dict.fromkeys(title + text):
                 stream.append(ids.setdefault(w, len(ids)))
-            freq.update(title + text)
+            freq.update(set(title + text))
         recorded = [json.loads(line) for line in proposals.open(encoding="utf-8")]
         recorded = [r for r in recorded if r.get("terms")]
         rng.shuffle(recorded)  # type: ignore[arg-type]
         streams = {kind: _term_stream(recorded, kind) for kind in ("new", "key")}
         keys = [t for r in recorded for t in r.get("key") or []]
         news = [t for r in recorded for t in r.get("new") or []]
+        head = np.array([df for _, df in freq.most_common() if df >= HEAD_MIN_DF], dtype=float)
         return cls(
             words=Zipf.fit(stream), vocabulary=[w for w, _ in freq.most_common()],
             title_lengths=np.array(titles), text_lengths=np.array(texts),
@@ -132,10 +145,34 @@ class Generator:
             per_doc=np.array([len(r["terms"]) for r in recorded]),
             key_share=len(keys) / max(1, len(keys) + len(news)),
             key_lengths=np.array([len(words_of(t)) or 1 for t in keys] or [1]),
-            new_lengths=np.array([len(words_of(t)) or 1 for t in news] or [1]))
+            new_lengths=np.array([len(words_of(t)) or 1 for t in news] or [1]),
+            repeat=1 - len(stream) / max(1, sum(titles) + sum(texts)),
+            head=np.cumsum(head) / max(1.0, head.sum()), head_share=head.sum() / len(stream))
 
     def _word(self, rank: int) -> str:
         return self.vocabulary[rank - 1] if rank <= len(self.vocabulary) else made_up_word(rank)
+
+    def _drawn(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` word ranks drawn independently: a real word in the head at its rate, else
+        one from the law's tail past the head (rarer real words, then made-up ones). The law
+        alone, fitted on the vocabulary's growth, gave the most common words a third of
+        their real document frequency."""
+        in_head = rng.random(n) < self.head_share
+        from_head = np.searchsorted(self.head, rng.random(n), side="right") + 1
+        return np.where(in_head, np.minimum(from_head, len(self.head)),
+                        self.words.draw(rng, n, past=len(self.head)))
+
+    def _ranks(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """The word ranks of one document of ``n`` words: each a new draw, or, with the
+        probability ``repeat``, a copy of an earlier word of the document picked uniformly."""
+        ranks = self._drawn(rng, n)
+        at = np.arange(n)
+        source = np.where(rng.random(n) < self.repeat, (rng.random(n) * at).astype(np.int64), at)
+        while True:  # a copy of a copy: follow the chain back to a drawn word
+            deeper = source[source]
+            if np.array_equal(deeper, source):
+                return ranks[source]
+            source = deeper
 
     def _term(self, ranked: list[str], rank: int, lengths: np.ndarray, *, words: bool) -> str:
         """The term of ``rank`` in its class: a recorded one, or else a made-up phrase, of the
@@ -145,7 +182,7 @@ class Generator:
         length = int(lengths[rank % len(lengths)])
         if words:
             return " ".join(self._word(int(r)) for r in
-                            self.words.draw(np.random.default_rng(rank), length))
+                            self._drawn(np.random.default_rng(rank), length))
         return " ".join(made_up_word(rank * 7 + i) for i in range(length))
 
     def documents(self, n: int, seed: int, prefix: str = "g"
@@ -155,7 +192,7 @@ class Generator:
         for i in range(n):
             pick = rng.integers(len(self.text_lengths))
             n_title, n_text = int(self.title_lengths[pick]), max(1, int(self.text_lengths[pick]))
-            words = [self._word(int(r)) for r in self.words.draw(rng, n_title + n_text)]
+            words = [self._word(int(r)) for r in self._ranks(rng, n_title + n_text)]
             title, text = words[:n_title], words[n_title:]
             count = int(self.per_doc[rng.integers(len(self.per_doc))])
             n_key = int(rng.binomial(count, self.key_share))
@@ -212,6 +249,10 @@ def describe(docs: list[dict], proposals: list[dict]) -> dict[str, float]:
     for d in docs:
         w = words_of(d["text"])
         bigrams.update(zip(w, w[1:], strict=False))
+    df: Counter[str] = Counter()
+    for d in docs:
+        df.update(set(words_of(f"{d.get('title') or ''} {d['text']}")))
+    ranked = sorted(df.values(), reverse=True) + [0] * 100
     terms_per_doc = [len(p.get("terms") or []) for p in proposals]
     distinct_quarter = len({t.lower() for p in proposals[:len(proposals) // 4]
                          for t in p.get("terms") or []})
@@ -221,6 +262,10 @@ def describe(docs: list[dict], proposals: list[dict]) -> dict[str, float]:
             "words per document (p90)": float(np.percentile(lengths, 90)),
             "distinct words at 1/4": growth[n // 4], "distinct words": growth[n],
             "distinct two-word phrases": len(bigrams),
+            # what search and the DF statistics cost most: how many documents common words
+            # are in (documents per word, at the word's rank by it)
+            "words in over a tenth of the documents": sum(v > n / 10 for v in df.values()),
+            "documents per word, 10th": ranked[9], "documents per word, 100th": ranked[99],
             "proposals per document": float(np.mean(terms_per_doc)),
             "distinct proposed terms at 1/4": distinct_quarter,
             "distinct proposed terms": distinct,
