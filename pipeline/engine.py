@@ -688,11 +688,11 @@ class Engine:
         self._ensure_lock_index()
         path = f"/{META_LOCK_INDEX}/_doc/{index}"
         mine = {"index": index, "host": socket.gethostname(), "pid": os.getpid(),
-                "token": uuid.uuid4().hex, "at": time.time()}
+                "token": uuid.uuid4().hex}
         give_up = time.monotonic() + 2 * self.meta_hold_s  # locks kept fresh that long
         while True:
-            try:
-                taken = self._request("PUT", f"{path}?op_type=create", mine)
+            try:  # dated when taken: a lock waited for long is not stale once held
+                taken = self._request("PUT", f"{path}?op_type=create", {**mine, "at": time.time()})
                 break
             except Exception as exc:
                 if status_of(exc) != 409:

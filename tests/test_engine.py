@@ -259,3 +259,29 @@ def test_a_stopped_writers_meta_lock_is_taken_over(engine: Engine,
         engine.meta_hold_s = hold
         engine._request("DELETE", lock)
     assert engine.get_meta(index) == {"first": 1, "second": 2}
+
+
+def test_a_lock_waited_for_is_dated_when_taken(engine: Engine,
+                                               fresh_index: IndexSettings) -> None:
+    """A writer that waited for another's lock dates its own from when it took it, or a
+    third would find it stale at once and write beside it."""
+    from unittest import mock
+
+    index = fresh_index.name
+    lock = f"/{META_LOCK_INDEX}/_doc/{index}"
+    engine.put_meta(index, {"first": 1})  # creates the lock index
+    engine._request("PUT", lock, {"index": index, "host": "other", "pid": 2, "at": time.time()})
+    let_go = threading.Timer(1.0, lambda: engine._request("DELETE", lock))
+    started, held = time.time(), {}
+    get_meta = engine.get_meta
+
+    def read_under_the_lock(name: str) -> dict:
+        held.update(engine.get(META_LOCK_INDEX, index) or {})
+        return get_meta(name)
+
+    let_go.start()
+    with mock.patch.object(engine, "get_meta", side_effect=read_under_the_lock):
+        engine.put_meta(index, {"second": 2})
+    let_go.join()
+    assert held["host"] != "other" and held["at"] >= started + 0.9
+    assert engine.get_meta(index) == {"first": 1, "second": 2}
