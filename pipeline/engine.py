@@ -659,12 +659,18 @@ class Engine:
         docs = self.client.mget(index=index, body={"ids": ids}, **params)["docs"]
         return {d["_id"]: d.get("_source", {}) for d in docs if d.get("found")}
 
+    def update_meta(self, index: str, change: Callable[[dict], dict]) -> None:
+        """Replace the index's ``_meta`` with ``change`` of it, read and written under the
+        lock among sira's processes (the engine replaces ``_meta`` whole): ``change`` sees
+        every entry another process wrote before."""
+        with self._meta_lock(index):
+            self.client.indices.put_mapping(index=index,
+                                            body={"_meta": change(self.get_meta(index))})
+
     def put_meta(self, index: str, meta: dict) -> None:
         """Merge ``meta`` into the index's ``_meta`` (collection-level facts such as the
         active filter), keeping every other entry."""
-        with self._meta_lock(index):
-            self.client.indices.put_mapping(index=index,
-                                            body={"_meta": {**self.get_meta(index), **meta}})
+        self.update_meta(index, lambda current: {**current, **meta})
 
     def get_meta(self, index: str) -> dict:
         return dict(self.get_mapping(index).get("_meta", {}))
@@ -672,9 +678,8 @@ class Engine:
     def drop_meta(self, index: str, keys: Iterable[str]) -> None:
         """Remove ``keys`` from the index's ``_meta``, keeping the rest."""
         gone = set(keys)
-        with self._meta_lock(index):
-            self.client.indices.put_mapping(index=index, body={"_meta": {
-                k: v for k, v in self.get_meta(index).items() if k not in gone}})
+        self.update_meta(index, lambda current: {
+            k: v for k, v in current.items() if k not in gone})
 
     @contextmanager
     def _meta_lock(self, index: str) -> Iterator[None]:

@@ -344,14 +344,18 @@ class Heartbeat:
 
     def _write(self, *, done: bool = False) -> None:
         now = time.time()
-        try:
-            beats = dict(self.engine.get_meta(self.index).get(JOBS_META) or {})
-            beats = {j: b for j, b in beats.items() if now - float(b.get("at", 0)) < 86400}
+
+        def beat(meta: dict) -> dict:  # under the lock: the other jobs' entries as written
+            beats = {j: b for j, b in (meta.get(JOBS_META) or {}).items()
+                     if now - float(b.get("at", 0)) < 86400}
             if done:
                 beats.pop(self.job, None)
             else:
                 beats[self.job] = {"at": now, "host": socket.gethostname(), "pid": os.getpid()}
-            self.engine.put_meta(self.index, {JOBS_META: beats})
+            return {**meta, JOBS_META: beats}
+
+        try:
+            self.engine.update_meta(self.index, beat)
         except (*transient_errors(), MetaBusy):
             return  # the wait loop notices an unreachable engine on its own
         except Exception as exc:

@@ -12,10 +12,11 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import STATE_DIR
+from conftest import STATE_DIR, EngineFarm
 from fake_model import FakeModelServer
 from redis_server import RedisServer
 
@@ -465,3 +466,21 @@ def test_a_job_waiting_on_one_request_still_reads_as_live(opensearch: Engine,
     finally:
         if opensearch.index_exists(index):
             opensearch.delete_index(index)
+
+
+def test_two_jobs_heartbeats_at_once_keep_both(opensearch: Engine, farm: EngineFarm) -> None:
+    """Each job's entry sits in one ``_meta`` entry shared by the jobs on an index: two jobs
+    beating at once (each its own process and connection) keep both entries."""
+    from pipeline import jobs
+
+    index = f"test-beats-{uuid.uuid4().hex[:8]}"
+    opensearch.create(index, {})
+    beats = {job: jobs.Heartbeat(farm.engine("opensearch"), index, job) for job in "ab"}
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            list(pool.map(lambda beat: [beat._write() for _ in range(8)], beats.values()))
+        assert set(opensearch.get_meta(index)[jobs.JOBS_META]) == {"a", "b"}
+    finally:
+        for beat in beats.values():
+            beat.engine.close()
+        opensearch.delete_index(index)

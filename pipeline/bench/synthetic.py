@@ -246,12 +246,11 @@ def describe(docs: list[dict], proposals: list[dict]) -> dict[str, float]:
     growth = vocabulary_growth((f"{d.get('title') or ''} {d['text']}" for d in docs),
                                [n // 4, n])
     bigrams: set[tuple[str, str]] = set()
+    df: Counter[str] = Counter()  # documents per word
     for d in docs:
         w = words_of(d["text"])
         bigrams.update(zip(w, w[1:], strict=False))
-    df: Counter[str] = Counter()
-    for d in docs:
-        df.update(set(words_of(f"{d.get('title') or ''} {d['text']}")))
+        df.update(set(words_of(d.get("title") or "") + w))
     ranked = sorted(df.values(), reverse=True) + [0] * 100
     terms_per_doc = [len(p.get("terms") or []) for p in proposals]
     distinct_quarter = len({t.lower() for p in proposals[:len(proposals) // 4]
