@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import shutil
 import sys
 import time
 from collections import Counter
@@ -993,11 +994,16 @@ def bench_scale_cmd(
     warm_up: Annotated[float, typer.Option(
         help="Seconds of validations and searches of other queries before each size's timed "
         "ones (an engine just started reads several times slower).", min=0)] = 60.0,
+    job_workers: Annotated[int, typer.Option(
+        help="Local Celery workers of the enrichment job timed at each size against the "
+        "stand-in model, the proposal cache empty then filled (needs redis-server); 0 leaves "
+        "the job out.", min=0)] = 2,
     out_dir: Annotated[Path, typer.Option("--out", help="Where scale.json, scale.md and "
                                           "scale.png go.")] = Path("bench-out"),
 ) -> None:
     """What every step costs as the collection grows: indexing, proposals, DF statistics,
-    enrichment, index size, sketch validation and search, per size and shard count."""
+    enrichment, the enrichment job, index size, sketch validation and search, per size and
+    shard count."""
     from pipeline.bench import load_sketches, scale
     from pipeline.bench.synthetic import Generator, check
 
@@ -1012,6 +1018,9 @@ def bench_scale_cmd(
     for path in (dataset / "corpus.jsonl", proposals, sketches):
         if not path.is_file():
             raise _fail(f"{path}: no such file")
+    if job_workers and not plain_only and shutil.which("redis-server") is None:
+        raise _fail("the job needs redis-server on this machine (the Debian package "
+                    "redis-server); --job-workers 0 leaves the job out")
     settings = _settings(ctx)
     engine = _connect(settings)
     queries, _ = beir_split(dataset, split)
@@ -1036,7 +1045,7 @@ def bench_scale_cmd(
 
     results = scale.run(engine, settings, inputs, generator, measured, shard_counts,
                         out_dir / "work", scale.Plan(repeat, force_merge, plain_only, cap,
-                                                     aggregations, warm_up),
+                                                     aggregations, warm_up, job_workers),
                         say=lambda line: err.print(f"[{time.monotonic() - started:6.0f}s] {line}"),
                         landed=write)  # each row as it lands: a stopped run keeps them
     out.print(write(results))

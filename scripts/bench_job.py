@@ -1,6 +1,8 @@
 """Throughput of the whole enrichment job against plain bulk indexing of the same documents
-into the same engine, with the tests' model server answering instantly (the time the workers
-wait for it taken out); with --gpus, against the same server answering like 1, 2, 4 GPUs.
+into the same engine, with the stand-in model server (``pipeline.bench.stand_in``) answering
+instantly (the time the workers wait for it taken out); with --gpus, against the same server
+answering like 1, 2, 4 GPUs. ``sira bench-scale`` times the job at each size the same way
+(``pipeline.bench.job``).
 
     .venv/bin/python scripts/bench_job.py --docs 5000 --workers 1 2
     .venv/bin/python scripts/bench_job.py --docs 3000 --workers 2 --gpus 1 2 4
@@ -18,25 +20,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from fake_model import FakeModelServer  # noqa: E402
-from redis_server import RedisServer  # noqa: E402
-
-from pipeline import enrich, local  # noqa: E402
-from pipeline.bench import scale  # noqa: E402
-from pipeline.bench.synthetic import Generator  # noqa: E402
-from pipeline.config import IndexSettings, LLMSettings, Settings, WorkerSettings  # noqa: E402
-from pipeline.jobs import index_corpus, reindex  # noqa: E402
-from pipeline.llm import ModelClient  # noqa: E402
-from pipeline.local.workers import LocalWorkers  # noqa: E402
-from pipeline.prompts import document_body  # noqa: E402
+from pipeline import enrich, local
+from pipeline.bench import scale
+from pipeline.bench.job import answers_by_title, run_job
+from pipeline.bench.stand_in import StandInModel
+from pipeline.bench.synthetic import Generator
+from pipeline.config import IndexSettings, LLMSettings, Settings
+from pipeline.jobs import index_corpus
+from pipeline.llm import ModelClient
+from pipeline.local.redis import RedisServer
+from pipeline.prompts import document_body
 
 WORDS = ("shard replica heap snapshot mapping analyzer token bulk refresh merge segment "
          "cluster node index alias query score field").split()
@@ -51,19 +49,13 @@ def corpus(path: Path, n: int) -> Path:
 
 
 def grown(dataset: Path, proposals: Path, n: int, folder: Path
-           ) -> tuple[Path, dict[str, list[str]]]:
+          ) -> tuple[Path, dict[str, list[str]]]:
     """``dataset`` grown to ``n`` documents as bench-scale grows it, and the stand-in's answer
     for each title: the proposals recorded or generated for that document."""
     generator = Generator.fit(dataset, proposals)
     inputs = scale.Inputs(dataset, proposals, {}, {})
     path, proposed = scale.write_collection(inputs, generator, n, folder)
-    terms = {p["doc_id"]: p["terms"] for p in map(json.loads, proposed.open()) if p.get("terms")}
-    answers = {}  # keyed as the stand-in finds them: the prompt's title line
-    for doc in map(json.loads, path.open()):
-        title = (doc.get("title") or "").strip().split("\n")[0]
-        if title and str(doc["_id"]) in terms:
-            answers[title] = terms[str(doc["_id"])]
-    return path, answers
+    return path, answers_by_title(path, proposed)
 
 
 GPU_DOCS_S = 30.0  # documents/s one GPU serves (the published vLLM figure for the default)
@@ -85,33 +77,6 @@ def model_only(url: str, docs: Path, in_flight: int) -> float:
         return time.monotonic() - started
     finally:
         client.close()
-
-
-def run_job(engine, base: Settings, path: Path, redis: RedisServer, model: FakeModelServer,
-            workers: int, in_flight: int, cache_index: str | None = None):
-    """One job into a new index; returns its summary, wall time and index operations per
-    document (the engine's count). ``cache_index``: a proposal cache to use and keep (else
-    one of its own, so that no run finds the proposals of the one before, dropped after)."""
-    suffix = uuid.uuid4().hex[:6]
-    cache = cache_index or f"bench-job-cache-{suffix}"
-    settings = base.model_copy(update={
-        "index": IndexSettings(name=f"bench-job-{suffix}"),
-        "llm": LLMSettings(url=model.url, model="bench", read_timeout=600,
-                           concurrency=max(1, in_flight // workers)),
-        "worker": WorkerSettings(broker_url=redis.url, queue=suffix),
-        "enrich": base.enrich.model_copy(update={"cache_index": cache}),
-    })
-    with LocalWorkers(settings, workers):
-        time.sleep(3)  # let the workers connect: worker start-up is not the job
-        started = time.monotonic()
-        summary = reindex(engine, settings, str(path), timeout=3600)
-        wall = time.monotonic() - started
-    assert summary.enriched == summary.documents, summary.line()
-    writes = engine.writes(settings.index.name) / summary.documents
-    engine.delete_index(settings.index.name)
-    if cache_index is None:
-        engine.delete_index(cache)
-    return summary, wall, writes
 
 
 def phase_line(summary, plain_s: float, workers: int) -> str:
@@ -141,11 +106,14 @@ def main() -> None:
         path, answers = grown(args.dataset, args.proposals, args.docs, tmp)
     else:
         path = corpus(tmp / "corpus.jsonl", args.docs)
-    redis = RedisServer()
-    redis.start()
     rows, gpu_rows = [], []
-    try:
-        with FakeModelServer(answers) as model:
+    with RedisServer() as redis:
+        def job(model: StandInModel, workers: int, in_flight: int | None = None,
+                cache: str | None = None):  # noqa: ANN202
+            return run_job(engine, base, path, redis.url, model.url, workers,
+                           in_flight or workers * base.llm.concurrency, cache_index=cache)
+
+        with StandInModel(answers) as model:
             plain_times = []
             for _ in range(2):  # the first run warms the engine up; the second is measured
                 plain_index = IndexSettings(name=f"bench-plain-{uuid.uuid4().hex[:6]}")
@@ -157,39 +125,33 @@ def main() -> None:
             plain_s = plain_times[-1]
             plain_rate = args.docs / plain_s
             for workers in args.workers:
-                summary, wall, writes = run_job(engine, base, path, redis, model, workers,
-                                                workers * base.llm.concurrency)
-                # less the time the workers sat waiting for the model, spread over them
-                without_model = wall - summary.model_s / workers
-                rows.append((f"{workers} worker(s), cache empty", wall, without_model, writes))
-                print(summary.line())
-                print(phase_line(summary, plain_s, workers))
+                run = job(model, workers)
+                rows.append((f"{workers} worker(s), cache empty", run.wall_s,
+                             run.without_model(workers), run.writes))
+                print(run.summary.line())
+                print(phase_line(run.summary, plain_s, workers))
             # the same documents again into a new index, the proposal cache filled by the
             # first job: a rebuild or a reindex elsewhere (no model call)
             workers = args.workers[0]
             cache = f"bench-job-cache-{uuid.uuid4().hex[:6]}"
             try:
-                run_job(engine, base, path, redis, model, workers,
-                        workers * base.llm.concurrency, cache)
+                job(model, workers, cache=cache)
                 calls = model.requests
-                summary, wall, writes = run_job(engine, base, path, redis, model, workers,
-                                                workers * base.llm.concurrency, cache)
+                run = job(model, workers, cache=cache)
             finally:
                 engine.delete_index(cache)
             assert model.requests == calls, "the cached job called the model"
-            rows.append((f"{workers} worker(s), cache filled", wall, wall, writes))
-            print(summary.line())
-            print(phase_line(summary, plain_s, workers))
+            rows.append((f"{workers} worker(s), cache filled", run.wall_s, run.wall_s,
+                         run.writes))
+            print(run.summary.line())
+            print(phase_line(run.summary, plain_s, workers))
         for gpus in args.gpus:
             in_flight = GPU_IN_FLIGHT * gpus
-            with FakeModelServer(delay=GPU_IN_FLIGHT / GPU_DOCS_S, slots=in_flight) as model:
+            with StandInModel(delay=GPU_IN_FLIGHT / GPU_DOCS_S, slots=in_flight) as model:
                 alone = model_only(model.url, path, in_flight)
-                summary, wall, _ = run_job(engine, base, path, redis, model,
-                                           args.workers[0], in_flight)
-            print(summary.line())
-            gpu_rows.append((gpus, in_flight, alone, wall))
-    finally:
-        redis.stop()
+                run = job(model, args.workers[0], in_flight)
+            print(run.summary.line())
+            gpu_rows.append((gpus, in_flight, alone, run.wall_s))
     print(f"{args.docs} documents, engine {engine.kind} at {engine.url}")
     print(f"plain bulk indexing: {plain_rate:.0f} docs/s")
     for label, wall, own, writes in rows:

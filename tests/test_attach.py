@@ -10,11 +10,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from fake_model import FakeModelServer
 from test_cli import engine_env
 from test_query import numbers_as_numbers
 from typer.testing import CliRunner
 
+from pipeline.bench.stand_in import StandInModel
 from pipeline.cli import app
 from pipeline.engine import Engine
 
@@ -97,7 +97,7 @@ def test_attach_follow_and_the_cache(engine: Engine, products: str,
     assert "nothing to do" in invoke("attach", index, "--fields", "name,description")
     assert engine.get_mapping(index) == after
 
-    with FakeModelServer(ANSWERS) as fake:
+    with StandInModel(ANSWERS) as fake:
         monkeypatch.setenv("SIRA_LLM__URL", fake.url)
         out = invoke("follow", index, "--once")
         assert "lag 0 pending" in out and "3 proposed" in out, out
@@ -240,7 +240,7 @@ def test_the_same_text_in_another_index_costs_no_model_call(
                               for i, d in PRODUCTS.items()))
     first, second, third = (f"cached-{uuid.uuid4().hex[:8]}" for _ in range(3))
     try:
-        with FakeModelServer(ANSWERS) as fake:
+        with StandInModel(ANSWERS) as fake:
             monkeypatch.setenv("SIRA_LLM__URL", fake.url)
             for name in (first, second):
                 invoke("--index", name, "index", str(corpus))
@@ -275,7 +275,7 @@ def test_follow_through_celery_workers(opensearch: Engine, monkeypatch: pytest.M
     write(opensearch, index, PRODUCTS)
     try:
         invoke("attach", index, "--fields", "name,description")
-        with FakeModelServer(ANSWERS) as fake:
+        with StandInModel(ANSWERS) as fake:
             monkeypatch.setenv("SIRA_LLM__URL", fake.url)
             out = invoke("follow", index, "--once", "--workers", "1")
             assert "lag 0 pending" in out and "3 proposed" in out, out
@@ -292,7 +292,7 @@ def test_reindex_a_user_index_keeps_every_field(engine: Engine, products: str,
     monkeypatch.setenv("SIRA_STATE_DIR", str(tmp_path / "state"))
     target, again = f"{products}-sira", f"{products}-copy"
     try:
-        with FakeModelServer(ANSWERS) as fake:
+        with StandInModel(ANSWERS) as fake:
             monkeypatch.setenv("SIRA_LLM__URL", fake.url)
             plain = runner.invoke(app, ["reindex", "--source", products, "--target", target])
             assert plain.exit_code == 1 and "name the text fields" in plain.output, plain.output
@@ -361,7 +361,7 @@ def test_index_a_file_in_your_own_shape(engine: Engine, monkeypatch: pytest.Monk
         for doc_id, doc in PRODUCTS.items():
             assert engine.get(index, doc_id) == doc  # every field, nothing added
         assert engine.get_meta(index)["sira_attach"]["fields"] == ["name", "description"]
-        with FakeModelServer(ANSWERS) as fake:
+        with StandInModel(ANSWERS) as fake:
             monkeypatch.setenv("SIRA_LLM__URL", fake.url)
             out = invoke("follow", index, "--once")
             expected = 3 if shape == "mapping" else 4
@@ -387,7 +387,7 @@ def test_a_follower_killed_mid_round_loses_nothing(opensearch: Engine,
     write(opensearch, index, docs)
     try:
         invoke("attach", index, "--fields", "name,description")
-        with FakeModelServer(delay=0.05) as fake:
+        with StandInModel(delay=0.05) as fake:
             monkeypatch.setenv("SIRA_LLM__URL", fake.url)
             child_env = {**os.environ, **env, "SIRA_LLM__URL": fake.url,
                          "SIRA_LLM__CONCURRENCY": "2", "SIRA_ENRICH__BATCH_DOCS": "10"}

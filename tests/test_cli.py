@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from conftest import STATE_DIR
-from fake_model import FakeModelServer
 from pydantic import SecretStr
 from typer.testing import CliRunner
 
+from pipeline.bench.stand_in import StandInModel
 from pipeline.cli import app
 from pipeline.config import Settings
 from pipeline.engine import Engine
@@ -183,7 +183,7 @@ def test_enrich_refilter_stats_commands(opensearch: Engine, monkeypatch: pytest.
     corpus.write_text("".join(json.dumps({"_id": f"d{i}", "title": f"Note {i}",
                                           "text": f"body {i}"}) + "\n" for i in range(6)))
     answers = {f"Note {i}": ["shared tag", f"unique{i}"] for i in range(6)}
-    with FakeModelServer(answers) as model:
+    with StandInModel(answers) as model:
         monkeypatch.setenv("SIRA_LLM__URL", model.url)
         try:
             assert runner.invoke(app, ["--index", index, "index", str(corpus)]).exit_code == 0
@@ -235,7 +235,7 @@ def test_search_with_expansion_explain_and_template(opensearch: Engine,
         + "\n")
     answers = {"Heap": ["garbage collector"], "Snapshots": ["backup"],
                "": ["backup", "nonexistent words"]}
-    with FakeModelServer(answers) as model:
+    with StandInModel(answers) as model:
         monkeypatch.setenv("SIRA_LLM__URL", model.url)
         try:
             runner.invoke(app, ["--index", index, "index", str(corpus)])
@@ -266,7 +266,7 @@ def test_demo_runs_the_job_with_the_embedded_broker(opensearch: Engine, tmp_path
     """README command 1 with a model configured: filesystem broker, one local worker."""
     engine_env(opensearch, monkeypatch)
     index = f"test-demo-{uuid.uuid4().hex[:8]}"
-    with FakeModelServer() as model:
+    with StandInModel() as model:
         monkeypatch.setenv("SIRA_LLM__URL", model.url)
         monkeypatch.delenv("SIRA_WORKER__BROKER_URL", raising=False)
         try:

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_model import FakeModelServer
 
 from pipeline import batchfiles, dfstats, enrich, policies, terms
+from pipeline.bench.stand_in import StandInModel
 from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
 from pipeline.engine import Engine
 from pipeline.llm import ModelClient
@@ -27,12 +27,12 @@ ANSWERS = {
 
 
 @pytest.fixture
-def model() -> Iterator[FakeModelServer]:
-    with FakeModelServer(ANSWERS, slow_seconds=1.5) as fake:
+def model() -> Iterator[StandInModel]:
+    with StandInModel(ANSWERS, slow_seconds=1.5) as fake:
         yield fake
 
 
-def settings_for(index: IndexSettings, model: FakeModelServer | None = None,
+def settings_for(index: IndexSettings, model: StandInModel | None = None,
                  **enrich_options: object) -> Settings:
     llm = LLMSettings(url=model.url if model else None, model="test-model", read_timeout=1.0,
                       max_attempts=3)
@@ -59,7 +59,7 @@ DOCS = [
 
 
 def test_propose_apply_and_idempotence(engine: Engine, fresh_index: IndexSettings,
-                                       model: FakeModelServer) -> None:
+                                       model: StandInModel) -> None:
     settings = settings_for(fresh_index, model, policy="none")
     load(engine, fresh_index.name, DOCS)
     client = client_for(settings)
@@ -120,7 +120,7 @@ def test_batches_overlap_within_the_concurrency(engine: Engine, fresh_index: Ind
     docs = [(f"d{i:02d}", f"Note {i:02d}", "shard and replica placement") for i in range(40)]
     docs[0] = ("d00", "Note 00", "a slow answer, well within the timeout FAULT:slow:1")
     load(engine, fresh_index.name, docs)
-    with FakeModelServer(delay=0.05, slow_seconds=0.5) as model:
+    with StandInModel(delay=0.05, slow_seconds=0.5) as model:
         settings = settings_for(fresh_index, model, policy="none", batch_docs=8)
         settings.llm.concurrency = 4
         summary = enrich.propose(engine, settings, client_for(settings),
@@ -624,7 +624,7 @@ def test_batch_output_and_plain_jsonl_store_the_same(engine: Engine, index_setti
 
 
 def test_the_cache_keeps_terms_for_the_analysis_that_made_them(
-        engine: Engine, fresh_index: IndexSettings, model: FakeModelServer,
+        engine: Engine, fresh_index: IndexSettings, model: StandInModel,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Proposals restored from the cache into an index analysed the same way are stored as
     they were prepared, with no ``_analyze``; into an index analysed otherwise they are

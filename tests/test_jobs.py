@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 from conftest import STATE_DIR, EngineFarm
-from fake_model import FakeModelServer
-from redis_server import RedisServer
 
+from pipeline.bench.stand_in import StandInModel
 from pipeline.config import (
     EngineSettings,
     EnrichSettings,
@@ -31,6 +30,7 @@ from pipeline.config import (
 from pipeline.engine import Engine
 from pipeline.jobs import JobFailed, JobSummary, index_corpus, reindex, status_counts
 from pipeline.local import servers
+from pipeline.local.redis import RedisServer
 from pipeline.local.workers import LocalWorkers
 
 
@@ -42,7 +42,7 @@ def redis() -> Iterator[RedisServer]:
     server.stop()
 
 
-def make_settings(tmp_path: Path, opensearch: Engine, redis: RedisServer, model: FakeModelServer,
+def make_settings(tmp_path: Path, opensearch: Engine, redis: RedisServer, model: StandInModel,
                   read_timeout: float = 20.0, **worker: object) -> Settings:
     record = servers.load_record(STATE_DIR, "test-opensearch")
     return Settings(
@@ -95,7 +95,7 @@ def enriched_docs(engine: Engine, index: str) -> dict[str, dict]:
 
 def test_job_enriches_every_document_and_resumes(opensearch: Engine, redis: RedisServer,
                                                  tmp_path: Path) -> None:
-    with FakeModelServer() as model:
+    with StandInModel() as model:
         settings = make_settings(tmp_path, opensearch, redis, model)
         corpus = write_corpus(tmp_path / "c.jsonl", 2000)
         try:
@@ -123,7 +123,7 @@ def test_job_enriches_every_document_and_resumes(opensearch: Engine, redis: Redi
 
 def test_kill_9_of_a_worker_mid_batch(opensearch: Engine, redis: RedisServer,
                                       tmp_path: Path) -> None:
-    with FakeModelServer(delay=0.3) as model:
+    with StandInModel(delay=0.3) as model:
         settings = make_settings(tmp_path, opensearch, redis, model)
         corpus = write_corpus(tmp_path / "c.jsonl", 400)
         index = settings.index.name
@@ -170,7 +170,7 @@ def test_flaky_model_and_a_poison_document(opensearch: Engine, redis: RedisServe
     faults = {i: "FAULT:500:1" for i in range(0, 300, 10)}
     faults |= {i: "FAULT:slow:1" for i in range(5, 300, 25)}
     faults[7] = "FAULT:garbage"  # the model never answers this one with JSON
-    with FakeModelServer(slow_seconds=1.5) as model:
+    with StandInModel(slow_seconds=1.5) as model:
         settings = make_settings(tmp_path, opensearch, redis, model, read_timeout=1.0)
         corpus = write_corpus(tmp_path / "c.jsonl", 300, faults)
         try:
@@ -194,7 +194,7 @@ def test_flaky_model_and_a_poison_document(opensearch: Engine, redis: RedisServe
 def test_redis_restart_during_a_job(opensearch: Engine, tmp_path: Path) -> None:
     broker = RedisServer()
     broker.start()
-    with FakeModelServer(delay=0.1) as model:
+    with StandInModel(delay=0.1) as model:
         settings = make_settings(tmp_path, opensearch, broker, model, requeue_after=4.0)
         corpus = write_corpus(tmp_path / "c.jsonl", 500)
         index = settings.index.name
@@ -228,7 +228,7 @@ def test_redis_restart_during_a_job(opensearch: Engine, tmp_path: Path) -> None:
 
 def test_reindex_from_an_existing_index(opensearch: Engine, redis: RedisServer,
                                         tmp_path: Path) -> None:
-    with FakeModelServer() as model:
+    with StandInModel() as model:
         settings = make_settings(tmp_path, opensearch, redis, model)
         source = settings.model_copy(update={"index": IndexSettings(
             name=settings.index.name + "-src")})
@@ -272,7 +272,7 @@ def proposed_count(engine: Engine, index: str) -> int:
 
 def test_an_over_long_id_in_a_job_loses_only_itself(opensearch: Engine, redis: RedisServer,
                                                     tmp_path: Path) -> None:
-    with FakeModelServer() as model:
+    with StandInModel() as model:
         settings = make_settings(tmp_path, opensearch, redis, model)
         corpus = write_corpus(tmp_path / "c.jsonl", 300)
         lines = corpus.read_text().splitlines()
@@ -293,7 +293,7 @@ def test_a_write_block_ends_the_job_naming_it(opensearch: Engine, redis: RedisSe
                                               tmp_path: Path) -> None:
     """Refused writes: the job ends by itself, names the engine's reason, and the model is
     not called again and again for documents that cannot be stored."""
-    with FakeModelServer(delay=0.05) as model:
+    with StandInModel(delay=0.05) as model:
         settings = make_settings(tmp_path, opensearch, redis, model, requeue_after=3.0)
         corpus = write_corpus(tmp_path / "c.jsonl", 600)
         index = settings.index.name
@@ -337,7 +337,7 @@ def test_two_jobs_on_one_target(opensearch: Engine, redis: RedisServer,
     """The target missing: both jobs create it (neither crashes). The target present: a
     second job leaves the documents a running job has queued to it, and each job accounts
     for every document it sent."""
-    with FakeModelServer(delay=0.02) as model:
+    with StandInModel(delay=0.02) as model:
         settings = make_settings(tmp_path, opensearch, redis, model)
         corpus = write_corpus(tmp_path / "c.jsonl", 400)
         index = settings.index.name
@@ -388,7 +388,7 @@ def test_kill_9_of_the_job_takes_its_workers_along(opensearch: Engine, tmp_path:
     consuming the queue. The broker's password never appears in the output."""
     broker = RedisServer(password="supersecret123")
     broker.start()
-    with FakeModelServer(delay=0.2) as model:
+    with StandInModel(delay=0.2) as model:
         settings = make_settings(tmp_path, opensearch, broker, model)
         corpus = write_corpus(tmp_path / "c.jsonl", 400)
         env = {**os.environ, **settings.to_env()}
@@ -423,7 +423,7 @@ def test_a_worker_logs_what_the_engines_pressure_cost(opensearch: Engine, redis:
     lost, and its log says how many requests went again and why."""
     from test_reliability import busy_at_first
 
-    with FakeModelServer() as model:
+    with StandInModel() as model:
         settings = make_settings(tmp_path, opensearch, redis, model)
         corpus = write_corpus(tmp_path / "c.jsonl", 50)
         try:

@@ -8,9 +8,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from fake_model import FakeModelServer
 from pydantic import SecretStr
 
+from pipeline.bench.stand_in import StandInModel
 from pipeline.config import LLMSettings
 from pipeline.llm import BadAnswer, ModelClient, NotConfigured, parse_keywords
 from pipeline.prompts import corpus_prompt, document_body
@@ -30,15 +30,15 @@ CASES = {
 
 
 @pytest.fixture
-def server() -> Iterator[FakeModelServer]:
+def server() -> Iterator[StandInModel]:
     answers = {"plain": ["heap size", "JVM"], "rate limited": ["ok after 429"],
                "server error": ["ok after 500"], "slow": ["ok after timeout"],
                "garbage once": ["ok after strict retry"]}
-    with FakeModelServer(answers, slow_seconds=1.5) as fake:
+    with StandInModel(answers, slow_seconds=1.5) as fake:
         yield fake
 
 
-def client(server: FakeModelServer, **overrides: object) -> ModelClient:
+def client(server: StandInModel, **overrides: object) -> ModelClient:
     options = dict(url=server.url, model="test-model", read_timeout=0.7, connect_timeout=1.0,
                    max_attempts=4, api_key=SecretStr("sk-test-secret")) | overrides
     settings = LLMSettings(**options)
@@ -51,7 +51,7 @@ def run_cases(model: ModelClient) -> dict:
 
 
 @pytest.mark.parametrize("mode", ["chat", "completions"])
-def test_retries_timeouts_and_bad_answers(server: FakeModelServer, mode: str) -> None:
+def test_retries_timeouts_and_bad_answers(server: StandInModel, mode: str) -> None:
     answers = run_cases(client(server, mode=mode, completions_batch=3))
     assert answers["plain"].keywords == ["heap size", "JVM"]
     assert answers["rate limited"].keywords == ["ok after 429"]
@@ -97,7 +97,7 @@ def test_prompt_versions_and_cut() -> None:
         PROMPT.instructions
 
 
-def test_one_loop_and_client_for_the_life_of_the_object(server: FakeModelServer) -> None:
+def test_one_loop_and_client_for_the_life_of_the_object(server: StandInModel) -> None:
     def loops() -> int:
         return sum(1 for t in threading.enumerate() if t.name == "sira-model-client")
 
@@ -113,7 +113,7 @@ def test_one_loop_and_client_for_the_life_of_the_object(server: FakeModelServer)
 
 
 @pytest.mark.parametrize("fault", ["FAULT:500", "FAULT:slow"])
-def test_completions_batch_failure_fails_only_the_bad_prompt(server: FakeModelServer,
+def test_completions_batch_failure_fails_only_the_bad_prompt(server: StandInModel,
                                                              fault: str) -> None:
     """One prompt that keeps failing (or is too slow) must not fail its 15 neighbours in the
     same /v1/completions request; every request is counted on some answer."""

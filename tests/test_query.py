@@ -9,9 +9,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from fake_model import FakeModelServer
 
 from pipeline import dfstats, enrich, query, terms
+from pipeline.bench.stand_in import StandInModel
 from pipeline.config import EnrichSettings, IndexSettings, LLMSettings, Settings
 from pipeline.engine import Engine
 from pipeline.llm import ModelClient
@@ -264,7 +264,7 @@ def test_validation_counts_a_phrase_only_where_no_word_decides(
 def test_model_timeout_falls_back_to_plain_search(enriched: tuple[Engine, Settings]) -> None:
     engine, settings = enriched
     answers = {"": ["garbage collection", "unknown term"]}
-    with FakeModelServer(answers, slow_seconds=2.0) as model:
+    with StandInModel(answers, slow_seconds=2.0) as model:
         llm = LLMSettings(url=model.url, read_timeout=0.5, max_attempts=1)
         fast = ModelClient(llm, backoff=0.01)
         slow_query = "FAULT:slow how much memory"

@@ -103,7 +103,7 @@ def test_bench_scale_on_the_sample(opensearch: Engine, tmp_path: Path,
             "--dataset", str(SAMPLE), "--proposals", str(RECORDED),
             "--sketches", str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test",
             "--sizes", "60,150,10000", "--measure-up-to", "150", "--shards", "1,2",
-            "--repeat", "1", "--warm-up", "0", "--out", str(out)]
+            "--repeat", "1", "--warm-up", "0", "--job-workers", "0", "--out", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "scale.json").read_text())
@@ -124,6 +124,45 @@ def test_bench_scale_on_the_sample(opensearch: Engine, tmp_path: Path,
     assert re.search(r"\| searched: segments / deleted copies \| \d+ / [\d,]+ \|", result.output)
     assert (out / "scale.png").read_bytes()[:4] == b"\x89PNG"
     assert not opensearch.client.indices.get(index=f"{name}-scale-*")  # dropped
+
+
+def test_bench_scale_times_the_job_with_the_cache_empty_then_filled(
+        opensearch: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At each size the job runs as a user runs it (local Celery workers, a real Redis, the
+    model client over HTTP to the stand-in answering with the recorded proposals): every
+    document sent to the model with the cache empty, none with it filled; its indices and
+    cache dropped afterwards."""
+    engine_env(opensearch, monkeypatch)
+    out = tmp_path / "out"
+    name = f"test-scale-{uuid.uuid4().hex[:6]}"
+    result = runner.invoke(app, [
+        "--index", name, "bench-scale", "--dataset", str(SAMPLE), "--proposals", str(RECORDED),
+        "--sketches", str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test",
+        "--sizes", "80", "--shards", "1", "--repeat", "1", "--warm-up", "0",
+        "--no-aggregations", "--job-workers", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    row, = json.loads((out / "scale.json").read_text())["results"]["1"]
+    assert row["documents"] == 80 and row["job_workers"] == 1
+    assert row["job_enriched"] == row["job_cached_enriched"] == 80
+    assert row["job_cached_from_cache"] == 80 and row["job_cached_model_calls"] == 0
+    assert 0 < row["job_own_s"] <= row["job_s"] and row["job_cached_s"] > 0
+    assert row["job_writes"] > 0
+    assert re.search(r"\| the job ÷ plain bulk: cache empty, model waits excluded / filled "
+                     r"\| [\d.]+x / [\d.]+x \|", result.output)
+    assert "| the job: enriched, cache empty / filled; model calls when filled | 80 / 80; 0 |" \
+        in result.output
+    assert not opensearch.client.indices.get(index=f"{name}-scale-*")  # job and cache too
+
+
+def test_bench_scale_without_redis_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import cli
+
+    monkeypatch.setattr(cli.shutil, "which", lambda name: None)
+    result = runner.invoke(app, ["bench-scale", "--dataset", str(SAMPLE), "--proposals",
+                                 str(RECORDED), "--sketches", str(RECORDED)])
+    assert result.exit_code == 2
+    assert "the job needs redis-server" in result.output and "--job-workers 0" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_bench_scale_plain_only_with_phrase_terms(opensearch: Engine, tmp_path: Path,

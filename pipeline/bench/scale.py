@@ -10,7 +10,9 @@ application sees it:
   table's memory: how far the client's resident memory rose), then the enrichment written;
 - the index's size on disk;
 - sketch validation of the collection's test queries (after a warm-up, each sketch once);
-- plain BM25, the literal clause and the two-clause query (client round trips: mean, p95).
+- plain BM25, the literal clause and the two-clause query (client round trips: mean, p95);
+- the enrichment job (``sira reindex`` with local Celery workers) against the stand-in model,
+  with the proposal cache empty (model waits taken out) and filled (``pipeline.bench.job``).
 
 Growth exponents are fitted between the two largest sizes measured; sizes asked for past what
 was measured are extrapolated and said to be.
@@ -32,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import batchfiles, enrich, query
+from pipeline.bench import job
 from pipeline.bench.synthetic import Generator
 from pipeline.config import Settings
 from pipeline.engine import Engine, resent_line
@@ -46,6 +49,8 @@ FIGURES = [
     ("df_s", "DF statistics, bounded counts", "s"),
     ("df_exact_s", "DF statistics, aggregations", "s"),
     ("apply_s", "enrichment written", "s"),
+    ("job_own_s", "the job, cache empty, model waits excluded", "s"),
+    ("job_cached_s", "the job, cache filled", "s"),
     ("validate_ms", "sketch validation, median", "ms"),
     ("plain_ms", "plain BM25, mean", "ms"),
     ("literal_ms", "literal clause, mean", "ms"),
@@ -152,7 +157,8 @@ class Plan:
     the rank policy's cap) -- the sizes the whole build does not fit. ``aggregations``: also
     time the DF statistics gathered with aggregations, as before the bounded counts (hours
     past a few hundred thousand documents). ``warm_up_s``: how long validations and searches
-    of other queries run before the timed ones."""
+    of other queries run before the timed ones. ``job_workers``: local workers of the job
+    timed at each size (0: no job)."""
 
     repeat: int = 3
     force_merge: bool = False
@@ -160,6 +166,7 @@ class Plan:
     cap: int | None = None
     aggregations: bool = True
     warm_up_s: float = 60.0
+    job_workers: int = 0
 
 
 def measure(engine: Engine, settings: Settings, inputs: Inputs, corpus: Path,
@@ -368,9 +375,13 @@ def run(engine: Engine, settings: Settings, inputs: Inputs, generator: Generator
             index = settings.index.model_copy(update={
                 "name": f"{settings.index.name}-scale-{size}-{count}", "shards": count})
             at = settings.model_copy(update={"index": index})
-            row = measure(engine, at, inputs, corpus, proposals, plan,
-                          lambda step, size=size, count=count:
-                          tell(f"{size:,} documents, {count} shard(s): {step}"))
+            def step(name: str, size: int = size, count: int = count) -> None:
+                tell(f"{size:,} documents, {count} shard(s): {name}")
+
+            row = measure(engine, at, inputs, corpus, proposals, plan, step)
+            if plan.job_workers and not plan.plain_only:
+                step(f"the job, {plan.job_workers} worker(s)")
+                row |= job.measure(engine, at, corpus, proposals, plan.job_workers)
             out.setdefault(count, []).append(row)
             if landed:
                 landed(out)
@@ -405,6 +416,12 @@ def markdown(by_shards: dict[int, list[dict]], asked: list[int]) -> str:
         for label, cell in [
             ("plain bulk indexing, docs/s", lambda r: f"{r['documents'] / r['index_s']:,.0f}"),
             ("DF statistics apply uses", lambda r: r["apply_uses"]),
+            ("the job ÷ plain bulk: cache empty, model waits excluded / filled",
+             lambda r: f"{r['job_own_s'] / r['index_s']:.2f}x / "
+                       f"{r['job_cached_s'] / r['index_s']:.2f}x"),
+            ("the job: enriched, cache empty / filled; model calls when filled",
+             lambda r: f"{r['job_enriched']:,} / {r['job_cached_enriched']:,}; "
+                       f"{r['job_cached_model_calls']}"),
             ("proposals + DF + enrichment ÷ plain bulk",
              lambda r: f"{(r['import_s'] + _df_used(r) + r['apply_s']) / r['index_s']:.2f}x"),
             ("DF: candidate terms / bounded-count requests",

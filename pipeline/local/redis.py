@@ -1,5 +1,5 @@
-"""A throw-away redis-server for the tests and the job benchmark (Debian package
-redis-server)."""
+"""A throw-away redis-server on this machine, the broker of the job's benchmarks and tests
+(``redis-server`` from the Debian package of that name)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class RedisServer:
     def __init__(self, password: str | None = None) -> None:
         self.password = password
         if shutil.which("redis-server") is None:
-            raise RuntimeError("redis-server is not installed (Debian package redis-server)")
+            raise RuntimeError("redis-server is not installed (the Debian package redis-server)")
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
@@ -43,6 +43,13 @@ class RedisServer:
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError("redis-server did not start")
+
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -1,6 +1,8 @@
-"""A small OpenAI-compatible model server for the tests: the real client talks to it over
-HTTP. Answers are deterministic and keyed by the prompt's content; faults are asked for by the
-document itself, so each test states its scenario in its data:
+"""A small OpenAI-compatible stand-in for the model server, for the tests and the job's
+benchmarks (``sira bench-scale``, ``scripts/bench_job.py``): the real client talks to it over
+HTTP. It is never presented as model output. Answers are deterministic and keyed by the
+prompt's content; faults are asked for by the document itself, so each test states its
+scenario in its data:
 
 - the keywords given for the document's title in ``answers``; otherwise the title's words
   plus one made-up bridge term;
@@ -31,7 +33,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
 
-class FakeModelServer:
+class StandInModel:
+    """The server, started and stopped as a context manager (``url`` while it runs)."""
+
     def __init__(self, answers: dict[str, list[str]] | None = None,
                  slow_seconds: float = 2.0, delay: float = 0.0, slots: int = 0) -> None:
         self.answers = answers or {}
@@ -52,7 +56,7 @@ class FakeModelServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_port}/v1"
 
-    def __enter__(self) -> FakeModelServer:
+    def __enter__(self) -> StandInModel:
         self.thread.start()
         return self
 
