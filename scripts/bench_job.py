@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pipeline import enrich, local
 from pipeline.bench import scale
-from pipeline.bench.job import answers_by_title, run_job
+from pipeline.bench.job import JobRun, answers_by_title, run_job
 from pipeline.bench.stand_in import StandInModel
 from pipeline.bench.synthetic import Generator
 from pipeline.config import IndexSettings, LLMSettings, Settings
@@ -79,12 +79,9 @@ def model_only(url: str, docs: Path, in_flight: int) -> float:
         client.close()
 
 
-def phase_line(summary, plain_s: float, workers: int) -> str:
-    phases = dict(summary.phases)
-    if "propose" in phases:
-        phases["propose"] -= summary.model_s / workers
+def phase_line(run: JobRun, plain_s: float, workers: int) -> str:
     return "  phases, x the time of plain bulk indexing: " + ", ".join(
-        f"{name} {seconds / plain_s:.2f}x" for name, seconds in phases.items())
+        f"{name} {seconds / plain_s:.2f}x" for name, seconds in run.phases(workers).items())
 
 
 def main() -> None:
@@ -129,7 +126,7 @@ def main() -> None:
                 rows.append((f"{workers} worker(s), cache empty", run.wall_s,
                              run.without_model(workers), run.writes))
                 print(run.summary.line())
-                print(phase_line(run.summary, plain_s, workers))
+                print(phase_line(run, plain_s, workers))
             # the same documents again into a new index, the proposal cache filled by the
             # first job: a rebuild or a reindex elsewhere (no model call)
             workers = args.workers[0]
@@ -144,7 +141,7 @@ def main() -> None:
             rows.append((f"{workers} worker(s), cache filled", run.wall_s, run.wall_s,
                          run.writes))
             print(run.summary.line())
-            print(phase_line(run.summary, plain_s, workers))
+            print(phase_line(run, plain_s, workers))
         for gpus in args.gpus:
             in_flight = GPU_IN_FLIGHT * gpus
             with StandInModel(delay=GPU_IN_FLIGHT / GPU_DOCS_S, slots=in_flight) as model:

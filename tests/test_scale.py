@@ -151,6 +151,8 @@ def test_bench_scale_times_the_job_with_the_cache_empty_then_filled(
                      r"\| [\d.]+x / [\d.]+x \|", result.output)
     assert "| the job: enriched, cache empty / filled; model calls when filled | 80 / 80; 0 |" \
         in result.output
+    assert set(row["job_phases"]) == {"copy", "queue", "propose", "apply"}
+    assert set(row["job_cached_phases"]) == {"copy", "apply"}  # nothing sent to the model
     assert not opensearch.client.indices.get(index=f"{name}-scale-*")  # job and cache too
 
 

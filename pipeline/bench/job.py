@@ -37,6 +37,14 @@ class JobRun:
         """Seconds less the time the workers sat waiting for the model, spread over them."""
         return self.wall_s - self.summary.model_s / workers
 
+    def phases(self, workers: int) -> dict[str, float]:
+        """Seconds per phase of the job (copy, queue, propose, apply), the model waits taken
+        out of ``propose`` as out of the whole."""
+        phases = dict(self.summary.phases)
+        if "propose" in phases:
+            phases["propose"] -= self.summary.model_s / workers
+        return phases
+
 
 def answers_by_title(corpus: Path, proposals: Path) -> dict[str, list[str]]:
     """What the stand-in answers for each document, keyed as it finds them (the prompt's
@@ -110,6 +118,8 @@ def measure(engine: Engine, settings: Settings, corpus: Path, proposals: Path,
         "job_s": empty.wall_s,
         "job_own_s": empty.without_model(workers),
         "job_enriched": empty.summary.enriched,
+        "job_phases": empty.phases(workers),
+        "job_cached_phases": filled.phases(workers),
         "job_writes": empty.writes,
         "job_cached_s": filled.wall_s,
         "job_cached_enriched": filled.summary.enriched,
