@@ -1043,11 +1043,15 @@ def bench_scale_cmd(
         (out_dir / "scale.md").write_text(scale.check_table(closeness) + "\n" + table + "\n")
         return table
 
-    results = scale.run(engine, settings, inputs, generator, measured, shard_counts,
-                        out_dir / "work", scale.Plan(repeat, force_merge, plain_only, cap,
-                                                     aggregations, warm_up, job_workers),
-                        say=lambda line: err.print(f"[{time.monotonic() - started:6.0f}s] {line}"),
-                        landed=write)  # each row as it lands: a stopped run keeps them
+    try:
+        results = scale.run(
+            engine, settings, inputs, generator, measured, shard_counts, out_dir / "work",
+            scale.Plan(repeat, force_merge, plain_only, cap, aggregations, warm_up, job_workers),
+            say=lambda line: err.print(f"[{time.monotonic() - started:6.0f}s] {line}"),
+            landed=write)  # each row as it lands: a stopped run keeps them
+    except JobFailed as exc:
+        raise _fail(f"the enrichment job stopped: {exc} (the sizes measured before it are "
+                    f"in {out_dir / 'scale.json'})") from exc
     out.print(write(results))
     png = scale.plot(results, out_dir / "scale.png")
     out.print(f"\nwrote {out_dir / 'scale.json'}, {out_dir / 'scale.md'}, {png}")

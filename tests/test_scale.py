@@ -156,6 +156,32 @@ def test_bench_scale_times_the_job_with_the_cache_empty_then_filled(
     assert not opensearch.client.indices.get(index=f"{name}-scale-*")  # job and cache too
 
 
+def test_bench_scale_a_failed_job_is_one_line(opensearch: Engine, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that stops (here made to, after the build was measured) ends the run with one
+    line naming why, and the figures measured before it stay."""
+    from pipeline.bench import job
+    from pipeline.jobs import JobFailed
+
+    def stopped(*args: object) -> dict:
+        raise JobFailed("the engine refuses writes to it (before sending any document)")
+
+    engine_env(opensearch, monkeypatch)
+    monkeypatch.setattr(job, "measure", stopped)
+    out = tmp_path / "out"
+    result = runner.invoke(app, [
+        "--index", f"test-scale-{uuid.uuid4().hex[:6]}", "bench-scale", "--dataset",
+        str(SAMPLE), "--proposals", str(RECORDED), "--sketches",
+        str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test", "--sizes", "60,90",
+        "--shards", "1", "--repeat", "1", "--warm-up", "0", "--no-aggregations",
+        "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "error: the enrichment job stopped: the engine refuses writes" in result.output
+    assert "Traceback" not in result.output
+    row, = json.loads((out / "scale.json").read_text())["results"]["1"]
+    assert row["documents"] == 60 and row["enriched"] == 60 and "job_s" not in row
+
+
 def test_bench_scale_without_redis_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     from pipeline import cli
 

@@ -88,10 +88,11 @@ def run_job(engine: Engine, base: Settings, corpus: Path, broker_url: str, model
             summary = reindex(engine, settings, str(corpus), timeout=JOB_TIMEOUT_S)
             wall = time.monotonic() - started
         return JobRun(summary, wall, engine.writes(index) / max(summary.documents, 1))
-    finally:
-        with suppress(Exception):  # the error to show is the job's
+    finally:  # the error to show is the job's
+        with suppress(Exception):
             engine.delete_index(index)
-            if cache_index is None:
+        if cache_index is None:
+            with suppress(Exception):
                 engine.delete_index(cache)
 
 

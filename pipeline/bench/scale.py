@@ -379,12 +379,14 @@ def run(engine: Engine, settings: Settings, inputs: Inputs, generator: Generator
                 tell(f"{size:,} documents, {count} shard(s): {name}")
 
             row = measure(engine, at, inputs, corpus, proposals, plan, step)
-            if plan.job_workers and not plan.plain_only:
-                step(f"the job, {plan.job_workers} worker(s)")
-                row |= job.measure(engine, at, corpus, proposals, plan.job_workers)
             out.setdefault(count, []).append(row)
             if landed:
                 landed(out)
+            if plan.job_workers and not plan.plain_only:
+                step(f"the job, {plan.job_workers} worker(s)")
+                row |= job.measure(engine, at, corpus, proposals, plan.job_workers)
+                if landed:
+                    landed(out)
         for path in (corpus, proposals):
             path.unlink()
     return out
