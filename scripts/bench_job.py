@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pipeline import enrich, local
 from pipeline.bench import scale
-from pipeline.bench.job import JobRun, answers_by_title, run_job
+from pipeline.bench.job import JobRun, answers_by_title, phase_ratios, run_job
 from pipeline.bench.stand_in import StandInModel
 from pipeline.bench.synthetic import Generator
 from pipeline.config import IndexSettings, LLMSettings, Settings
@@ -80,8 +80,8 @@ def model_only(url: str, docs: Path, in_flight: int) -> float:
 
 
 def phase_line(run: JobRun, plain_s: float, workers: int) -> str:
-    return "  phases, x the time of plain bulk indexing: " + ", ".join(
-        f"{name} {seconds / plain_s:.2f}x" for name, seconds in run.phases(workers).items())
+    return "  phases, x the time of plain bulk indexing: " + phase_ratios(run.phases(workers),
+                                                                          plain_s)
 
 
 def main() -> None:

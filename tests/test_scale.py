@@ -22,6 +22,14 @@ SAMPLE = Path(__file__).resolve().parent.parent / "pipeline" / "sample"
 RECORDED = SAMPLE / "recorded" / "proposals.jsonl"
 
 
+def bench_scale(index: str, out: Path, *options: str) -> list[str]:
+    """The arguments of ``sira bench-scale`` on the sample and its recordings into
+    ``index``-scale-*, one pass, no warm-up, with the ``options`` a test is about."""
+    return ["--index", index, "bench-scale", "--dataset", str(SAMPLE), "--proposals",
+            str(RECORDED), "--sketches", str(SAMPLE / "recorded" / "sketches.jsonl"),
+            "--split", "test", "--repeat", "1", "--warm-up", "0", "--out", str(out), *options]
+
+
 def test_zipf_fit_finds_the_law_that_drew_the_stream() -> None:
     law = Zipf(a=1.8, q=20.0)
     stream = law.draw(np.random.default_rng(5), 200_000).tolist()
@@ -99,12 +107,9 @@ def test_bench_scale_on_the_sample(opensearch: Engine, tmp_path: Path,
     engine_env(opensearch, monkeypatch)
     out = tmp_path / "out"
     name = f"test-scale-{uuid.uuid4().hex[:6]}"
-    args = ["--index", name, "bench-scale",
-            "--dataset", str(SAMPLE), "--proposals", str(RECORDED),
-            "--sketches", str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test",
-            "--sizes", "60,150,10000", "--measure-up-to", "150", "--shards", "1,2",
-            "--repeat", "1", "--warm-up", "0", "--job-workers", "0", "--out", str(out)]
-    result = runner.invoke(app, args)
+    result = runner.invoke(app, bench_scale(
+        name, out, "--sizes", "60,150,10000", "--measure-up-to", "150", "--shards", "1,2",
+        "--job-workers", "0"))
     assert result.exit_code == 0, result.output
     report = json.loads((out / "scale.json").read_text())
     for shards in ("1", "2"):
@@ -135,11 +140,8 @@ def test_bench_scale_times_the_job_with_the_cache_empty_then_filled(
     engine_env(opensearch, monkeypatch)
     out = tmp_path / "out"
     name = f"test-scale-{uuid.uuid4().hex[:6]}"
-    result = runner.invoke(app, [
-        "--index", name, "bench-scale", "--dataset", str(SAMPLE), "--proposals", str(RECORDED),
-        "--sketches", str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test",
-        "--sizes", "80", "--shards", "1", "--repeat", "1", "--warm-up", "0",
-        "--no-aggregations", "--job-workers", "1", "--out", str(out)])
+    result = runner.invoke(app, bench_scale(
+        name, out, "--sizes", "80", "--shards", "1", "--no-aggregations", "--job-workers", "1"))
     assert result.exit_code == 0, result.output
     row, = json.loads((out / "scale.json").read_text())["results"]["1"]
     assert row["documents"] == 80 and row["job_workers"] == 1
@@ -169,12 +171,9 @@ def test_bench_scale_a_failed_job_is_one_line(opensearch: Engine, tmp_path: Path
     engine_env(opensearch, monkeypatch)
     monkeypatch.setattr(job, "measure", stopped)
     out = tmp_path / "out"
-    result = runner.invoke(app, [
-        "--index", f"test-scale-{uuid.uuid4().hex[:6]}", "bench-scale", "--dataset",
-        str(SAMPLE), "--proposals", str(RECORDED), "--sketches",
-        str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test", "--sizes", "60,90",
-        "--shards", "1", "--repeat", "1", "--warm-up", "0", "--no-aggregations",
-        "--out", str(out)])
+    result = runner.invoke(app, bench_scale(
+        f"test-scale-{uuid.uuid4().hex[:6]}", out, "--sizes", "60,90", "--shards", "1",
+        "--no-aggregations"))
     assert result.exit_code == 2, result.output
     assert "error: the enrichment job stopped: the engine refuses writes" in result.output
     assert "Traceback" not in result.output
@@ -201,11 +200,9 @@ def test_bench_scale_plain_only_with_phrase_terms(opensearch: Engine, tmp_path: 
     monkeypatch.setenv("SIRA_INDEX__PHRASE_TERMS", "true")
     out = tmp_path / "out"
     name = f"test-scale-{uuid.uuid4().hex[:6]}"
-    result = runner.invoke(app, [
-        "--index", name, "bench-scale", "--dataset", str(SAMPLE), "--proposals", str(RECORDED),
-        "--sketches", str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test",
-        "--sizes", "90,150,1000", "--measure-up-to", "150", "--shards", "1", "--repeat", "1",
-        "--plain-only", "--cap", "7", "--warm-up", "0", "--out", str(out)])
+    result = runner.invoke(app, bench_scale(
+        name, out, "--sizes", "90,150,1000", "--measure-up-to", "150", "--shards", "1",
+        "--plain-only", "--cap", "7"))
     assert result.exit_code == 0, result.output
     report = json.loads((out / "scale.json").read_text())
     assert report["phrase_terms"] and report["plain_only"]
@@ -252,12 +249,9 @@ def test_bench_scale_keeps_the_rows_of_a_stopped_run(opensearch: Engine, tmp_pat
 
     monkeypatch.setattr(scale, "measure", stopped_at_150)
     out = tmp_path / "out"
-    result = runner.invoke(app, [
-        "--index", f"test-scale-{uuid.uuid4().hex[:6]}", "bench-scale", "--dataset",
-        str(SAMPLE), "--proposals", str(RECORDED), "--sketches",
-        str(SAMPLE / "recorded" / "sketches.jsonl"), "--split", "test", "--sizes", "90,150",
-        "--shards", "1", "--repeat", "1", "--plain-only", "--cap", "7", "--warm-up", "0",
-        "--out", str(out)])
+    result = runner.invoke(app, bench_scale(
+        f"test-scale-{uuid.uuid4().hex[:6]}", out, "--sizes", "90,150", "--shards", "1",
+        "--plain-only", "--cap", "7"))
     assert result.exit_code != 0
     rows = json.loads((out / "scale.json").read_text())["results"]["1"]
     assert [r["documents"] for r in rows] == [90]

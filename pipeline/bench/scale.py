@@ -422,8 +422,8 @@ def markdown(by_shards: dict[int, list[dict]], asked: list[int]) -> str:
              lambda r: f"{r['job_own_s'] / r['index_s']:.2f}x / "
                        f"{r['job_cached_s'] / r['index_s']:.2f}x"),
             ("the job's phases ÷ plain bulk, cache empty; filled",
-             lambda r: f"{_phases(r['job_phases'], r['index_s'])}; "
-                       f"{_phases(r['job_cached_phases'], r['index_s'])}"),
+             lambda r: f"{job.phase_ratios(r['job_phases'], r['index_s'])}; "
+                       f"{job.phase_ratios(r['job_cached_phases'], r['index_s'])}"),
             ("the job: enriched, cache empty / filled; model calls when filled",
              lambda r: f"{r['job_enriched']:,} / {r['job_cached_enriched']:,}; "
                        f"{r['job_cached_model_calls']}"),
@@ -468,10 +468,6 @@ def _or_dash(cell: Callable[[dict], str], row: dict) -> str:
         return cell(row)
     except KeyError:  # a step this run left out
         return "—"
-
-
-def _phases(phases: dict[str, float], plain_s: float) -> str:
-    return ", ".join(f"{name} {seconds / plain_s:.2f}x" for name, seconds in phases.items())
 
 
 def _df_used(row: dict) -> float:
