@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import json
 import shutil
+import signal
 import sys
 import time
 from collections import Counter
@@ -1034,7 +1035,10 @@ def bench_scale_cmd(
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
 
+    landed: list[int] = []  # rows written by this run
+
     def write(results: dict[int, list[dict]]) -> str:
+        landed[:] = [len(rows) for rows in results.values()]
         table = scale.markdown(results, asked)
         (out_dir / "scale.json").write_text(json.dumps(
             {"dataset": str(dataset), "engine": engine.kind, "version": engine.version,
@@ -1043,6 +1047,10 @@ def bench_scale_cmd(
         (out_dir / "scale.md").write_text(scale.check_table(closeness) + "\n" + table + "\n")
         return table
 
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # a pod deleted, a kill: stop as Ctrl-C does, cleaning up
+
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         results = scale.run(
             engine, settings, inputs, generator, measured, shard_counts, out_dir / "work",
@@ -1052,6 +1060,11 @@ def bench_scale_cmd(
     except JobFailed as exc:
         raise _fail(f"the enrichment job stopped: {exc} (the sizes measured before it are "
                     f"in {out_dir / 'scale.json'})") from exc
+    except KeyboardInterrupt:
+        kept = (f"the sizes measured before it are in {out_dir / 'scale.json'}" if landed
+                else "no size was measured before it")
+        raise _fail(f"stopped: the index and files of the size in hand were dropped; {kept}",
+                    code=130) from None
     out.print(write(results))
     png = scale.plot(results, out_dir / "scale.png")
     out.print(f"\nwrote {out_dir / 'scale.json'}, {out_dir / 'scale.md'}, {png}")

@@ -252,7 +252,9 @@ def test_bench_scale_keeps_the_rows_of_a_stopped_run(opensearch: Engine, tmp_pat
     result = runner.invoke(app, bench_scale(
         f"test-scale-{uuid.uuid4().hex[:6]}", out, "--sizes", "90,150", "--shards", "1",
         "--plain-only", "--cap", "7"))
-    assert result.exit_code != 0
+    assert result.exit_code == 130
+    assert "stopped: the index and files of the size in hand were dropped; the sizes " \
+        "measured before it are in" in result.output
     rows = json.loads((out / "scale.json").read_text())["results"]["1"]
     assert [r["documents"] for r in rows] == [90]
     assert "| sketch validation, median |" in (out / "scale.md").read_text()
@@ -270,3 +272,37 @@ def test_peak_growth_sees_memory_held_inside_the_step() -> None:
     with peak_growth() as idle:
         time.sleep(0.05)
     assert idle[0] < 20
+
+
+def test_bench_scale_stopped_by_sigterm_drops_what_it_made(opensearch: Engine, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A run stopped as a pod is (SIGTERM, here mid-build) drops its index and generated
+    files as Ctrl-C does — at a million documents they are gigabytes — and says so in a
+    line, not a traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = engine_env(opensearch, monkeypatch)
+    name = f"test-scale-{uuid.uuid4().hex[:6]}"
+    out = tmp_path / "out"
+    run = subprocess.Popen(
+        [sys.executable, "-c", "from pipeline.cli import app; app()",
+         *bench_scale(name, out, "--sizes", "4000", "--shards", "1", "--job-workers", "0",
+                      "--no-aggregations")],
+        env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not opensearch.index_exists(f"{name}-scale-4000-1"):
+        assert time.monotonic() < deadline and run.poll() is None, run.communicate()[0]
+        time.sleep(0.1)
+    run.send_signal(signal.SIGTERM)
+    output, _ = run.communicate(timeout=60)
+    assert run.returncode != 0, output
+    assert "Traceback" not in output, output
+    assert output.splitlines()[-1] == "error: stopped: the index and files of the size in " \
+        "hand were dropped; no size was measured before it", output
+    time.sleep(1)  # a write still in flight would have made the index again by now
+    assert not opensearch.client.indices.get(index=f"{name}-scale-*")
+    assert not list((out / "work").rglob("*.jsonl"))

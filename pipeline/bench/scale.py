@@ -364,31 +364,36 @@ def run(engine: Engine, settings: Settings, inputs: Inputs, generator: Generator
     out: dict[int, list[dict]] = {}
     warm_up = True  # a first bulk load on a fresh engine reads slower than the next
     for size in sorted(sizes):
-        corpus, proposals = write_collection(inputs, generator, size, work / str(size))
-        if warm_up:
-            at = settings.model_copy(update={"index": settings.index.model_copy(
-                update={"name": f"{settings.index.name}-scale-warm-up"})})
-            index_corpus(engine, at, corpus, recreate=True)
-            engine.delete_index(at.index.name)
-            warm_up = False
-        for count in shards:
-            index = settings.index.model_copy(update={
-                "name": f"{settings.index.name}-scale-{size}-{count}", "shards": count})
-            at = settings.model_copy(update={"index": index})
-            def step(name: str, size: int = size, count: int = count) -> None:
-                tell(f"{size:,} documents, {count} shard(s): {name}")
+        folder = work / str(size)
+        try:
+            corpus, proposals = write_collection(inputs, generator, size, folder)
+            if warm_up:
+                at = settings.model_copy(update={"index": settings.index.model_copy(
+                    update={"name": f"{settings.index.name}-scale-warm-up"})})
+                try:
+                    index_corpus(engine, at, corpus, recreate=True)
+                finally:
+                    engine.delete_index(at.index.name)
+                warm_up = False
+            for count in shards:
+                index = settings.index.model_copy(update={
+                    "name": f"{settings.index.name}-scale-{size}-{count}", "shards": count})
+                at = settings.model_copy(update={"index": index})
+                def step(name: str, size: int = size, count: int = count) -> None:
+                    tell(f"{size:,} documents, {count} shard(s): {name}")
 
-            row = measure(engine, at, inputs, corpus, proposals, plan, step)
-            out.setdefault(count, []).append(row)
-            if landed:
-                landed(out)
-            if plan.job_workers and not plan.plain_only:
-                step(f"the job, {plan.job_workers} worker(s)")
-                row |= job.measure(engine, at, corpus, proposals, plan.job_workers)
+                row = measure(engine, at, inputs, corpus, proposals, plan, step)
+                out.setdefault(count, []).append(row)
                 if landed:
                     landed(out)
-        for path in (corpus, proposals):
-            path.unlink()
+                if plan.job_workers and not plan.plain_only:
+                    step(f"the job, {plan.job_workers} worker(s)")
+                    row |= job.measure(engine, at, corpus, proposals, plan.job_workers)
+                    if landed:
+                        landed(out)
+        finally:  # a million documents are gigabytes: not left behind by a stopped run
+            for path in folder.glob("*.jsonl"):
+                path.unlink()
     return out
 
 
