@@ -27,6 +27,9 @@ def test_multi_shard_counts_are_exact(cluster: Engine, index_settings: IndexSett
         assert (result.ok, result.failed) == (300, 0)
         cluster.refresh(settings.name)
 
+        # the cluster may still be moving a shard to balance the nodes ("Node 3 -> … Node 2")
+        cluster.client.cluster.health(index=settings.name, wait_for_status="green",
+                                      wait_for_no_relocating_shards=True, timeout="60s")
         shards = cluster.client.cat.shards(index=settings.name, format="json")
         primaries = [s for s in shards if s["prirep"] == "p"]
         assert len(primaries) == 3
