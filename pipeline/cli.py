@@ -1035,10 +1035,11 @@ def bench_scale_cmd(
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
 
-    landed: list[int] = []  # rows written by this run
+    measured_one = False  # a row of this run is in scale.json
 
     def write(results: dict[int, list[dict]]) -> str:
-        landed[:] = [len(rows) for rows in results.values()]
+        nonlocal measured_one
+        measured_one = True
         table = scale.markdown(results, asked)
         (out_dir / "scale.json").write_text(json.dumps(
             {"dataset": str(dataset), "engine": engine.kind, "version": engine.version,
@@ -1050,7 +1051,7 @@ def bench_scale_cmd(
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # a pod deleted, a kill: stop as Ctrl-C does, cleaning up
 
-    signal.signal(signal.SIGTERM, interrupt)
+    before = signal.signal(signal.SIGTERM, interrupt)
     try:
         results = scale.run(
             engine, settings, inputs, generator, measured, shard_counts, out_dir / "work",
@@ -1061,10 +1062,12 @@ def bench_scale_cmd(
         raise _fail(f"the enrichment job stopped: {exc} (the sizes measured before it are "
                     f"in {out_dir / 'scale.json'})") from exc
     except KeyboardInterrupt:
-        kept = (f"the sizes measured before it are in {out_dir / 'scale.json'}" if landed
-                else "no size was measured before it")
+        kept = (f"the sizes measured before it are in {out_dir / 'scale.json'}"
+                if measured_one else "no size was measured before it")
         raise _fail(f"stopped: the index and files of the size in hand were dropped; {kept}",
                     code=130) from None
+    finally:
+        signal.signal(signal.SIGTERM, before)  # the process may go on (tests, a caller)
     out.print(write(results))
     png = scale.plot(results, out_dir / "scale.png")
     out.print(f"\nwrote {out_dir / 'scale.json'}, {out_dir / 'scale.md'}, {png}")
