@@ -17,8 +17,12 @@ cap + 1 matches, or whole where the engine counts it from its term dictionary (o
 proposed term), so its cost does not grow with the collection as a ``filters`` aggregation's
 does (it visits every match of every candidate): sketch validation uses it, for the words of
 its phrases first and their longer parts only where no word decides
-(``query.part_frequencies``). ``apply`` counts in rounds, every term first with a low bound
-and then only the few whose count stopped there: ``capped_frequencies`` under a cap known
+(``query.part_frequencies``). Where an own-layout index is one shard with no deleted copies
+(a force-merged or append-only index), validation reads its words' DFs from the term
+dictionary instead, with their analysis, in one ``_termvectors`` request
+(``dictionary_tokens``): exact there, and one request where the counts cost one search each.
+``apply`` counts in rounds, every term first with a low bound and then only the few whose
+count stopped there: ``capped_frequencies`` under a cap known
 beforehand (ratio, absolute), ``top_frequencies`` under the rank policy (the K-th largest
 DF). Before any of that, ``word_bounds`` gives each term a range its DF lies in, from its
 words' entries in the term dictionaries (read a few thousand words a request with
@@ -37,14 +41,17 @@ The filter policies built on them are in ``pipeline.policies``.
 from __future__ import annotations
 
 import heapq
+import threading
+import time
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Collection, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from itertools import islice, pairwise
 
 from pipeline.config import DfBasis
-from pipeline.engine import Engine
+from pipeline.engine import Engine, status_of
 from pipeline.schema import (
     ENRICHED_FIELD,
     PROPOSED_TERMS,
@@ -218,7 +225,7 @@ def index_counts(engine: Engine, index: str, words: list[str], fields: list[str]
         for shard in range(shards):
             statistics = engine.term_statistics(index, document, fields, shard)
             for f, field in enumerate(fields):
-                for start, end, docs in statistics.get(field, []):
+                for _, start, end, docs in statistics.get(field, []):
                     i = bisect_right(starts, start) - 1
                     if end > starts[i] + lengths[i]:
                         continue  # a token across words (shingles) bounds none of them
@@ -228,6 +235,76 @@ def index_counts(engine: Engine, index: str, words: list[str], fields: list[str]
             if all(_in_a_row(found) for found in per_field):
                 out[chunk[i]] = sum(min(found.values()) for found in per_field)
     return out
+
+
+# per (engine, index): whether the last look found its term dictionary exact (one shard, no
+# deleted copies) -- only then is it read instead of counting (``dictionary_tokens``) -- or
+# None where it never is: several shards or indices behind the name, or no right to read
+# index stats. Then it is not looked at again.
+_EXACT_DICTIONARY: dict[tuple[str, str], bool | None] = {}
+_LOOKING: dict[tuple[str, str], tuple[float, Future[bool]]] = {}  # the last look, and when
+_LOOK_LOCK = threading.Lock()
+_LOOKS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="sira-dictionary")
+RELOOK_S = 1.0  # while the dictionary is not exact, how often to look whether it became so
+
+
+def dictionary_tokens(engine: Engine, index: str, field: str, texts: list[str]
+                      ) -> list[list[tuple[str, int]]] | None:
+    """Each text's tokens in ``field`` (a text field whose queries are analysed as its
+    values), each with the documents holding it, read from the term dictionary in one
+    ``_termvectors`` request: the analysis and the DF of every word at once, where a count
+    search per word costs a request's overhead each. Only where that DF is exact: one index
+    of one shard, no deleted copies in any copy of it (``Engine.deleted_copies``, looked at
+    beside each read: exact but for documents deleted between the two requests). None
+    otherwise: the caller counts with searches, exact everywhere. Where the last look found
+    deleted copies (a live index: updates leave them until merges), the read is not sent and
+    a look goes out beside the caller's counts at most every RELOOK_S seconds, to notice a
+    merge."""
+    key = (engine.url, index)
+    exact = _EXACT_DICTIONARY.get(key, False)
+    if not texts or exact is None:
+        return None
+    with _LOOK_LOCK:
+        since, look = _LOOKING.get(key, (0.0, None))
+        if look is None or look.done() and (exact or time.monotonic() - since > RELOOK_S):
+            look = _LOOKS.submit(_look_at_dictionary, engine, index, key)
+            _LOOKING[key] = (time.monotonic(), look)
+    if not exact:
+        return None
+    # one artificial document of the texts; the engine's offsets count UTF-16 code units
+    starts, at = [], 0
+    for text in texts:
+        starts.append(at)
+        at += len(text.encode("utf-16-le")) // 2 + 1
+    read = engine.term_statistics(index, {field: "\n".join(texts)}, [field], 0).get(field, [])
+    if not look.result():
+        return None
+    out: list[list[tuple[int, str, int]]] = [[] for _ in texts]
+    for term, start, _, docs in read:
+        out[bisect_right(starts, start) - 1].append((start, term, docs))
+    return [[(term, docs) for _, term, docs in sorted(tokens)] for tokens in out]
+
+
+def reads_dictionary(engine: Engine, index: str) -> bool:
+    """Whether validation on ``index`` reads the term dictionary (``dictionary_tokens``), as
+    of the last look at it (waited for where one is under way)."""
+    with _LOOK_LOCK:
+        _, look = _LOOKING.get((engine.url, index), (0.0, None))
+    if look is not None:
+        look.result()
+    return bool(_EXACT_DICTIONARY.get((engine.url, index)))
+
+
+def _look_at_dictionary(engine: Engine, index: str, key: tuple[str, str]) -> bool:
+    exact: bool | None = False
+    try:
+        deleted = engine.deleted_copies(index)
+        exact = None if deleted is None else deleted == 0
+    except Exception as exc:  # the caller counts, as it would without the look
+        if status_of(exc) in (401, 403):
+            exact = None  # may search, may not read index stats
+    _EXACT_DICTIONARY[key] = exact
+    return bool(exact)
 
 
 def _in_a_row(pieces: Mapping[tuple[int, int], int]) -> bool:

@@ -760,20 +760,34 @@ class Engine:
         return out
 
     def term_statistics(self, index: str, document: dict, fields: list[str], shard: int
-                        ) -> dict[str, list[tuple[int, int, int]]]:
+                        ) -> dict[str, list[tuple[str, int, int, int]]]:
         """How an artificial ``document`` is indexed in each of ``fields`` (``_termvectors``:
         parsed by the index's mapping, so copy_to targets and multi-fields are filled too),
-        with each token's statistics on one shard: (start offset, end offset, documents
-        holding the token), per token, per field given tokens. The count is the shard's term
+        with each token's statistics on one shard: (term, start offset, end offset, documents
+        holding the term), per token, per field given tokens. The count is the shard's term
         dictionary's: deleted copies not yet merged away included, so at least the documents
-        that hold it."""
+        that hold it (exactly them where the shard holds none: ``deleted_copies``)."""
         body = {"doc": document, "fields": fields, "term_statistics": True,
                 "field_statistics": False, "positions": False, "offsets": True,
                 "payloads": False}
         found = self.client.termvectors(index=index, body=body, preference=f"_shards:{shard}")
-        return {field: [(token["start_offset"], token["end_offset"], int(term.get("doc_freq", 0)))
-                        for term in vector["terms"].values() for token in term["tokens"]]
+        return {field: [(text, token["start_offset"], token["end_offset"],
+                         int(term.get("doc_freq", 0)))
+                        for text, term in vector["terms"].items() for token in term["tokens"]]
                 for field, vector in (found.get("term_vectors") or {}).items()}
+
+    def deleted_copies(self, index: str) -> int | None:
+        """Deleted documents not merged away yet, over every copy of every shard (what a term
+        dictionary still counts), where ``index`` is one index of one shard; None otherwise
+        (several term dictionaries)."""
+        found = dict(self.client.indices.stats(index=index, metric="docs", level="shards"))
+        indices = found.get("indices") or {}
+        if len(indices) != 1:
+            return None
+        shards = next(iter(indices.values())).get("shards") or {}
+        if len(shards) != 1:
+            return None
+        return sum(int(copy["docs"]["deleted"]) for copies in shards.values() for copy in copies)
 
     def _analyze_group(self, index: str, texts: list[str], analyzer: str | None,
                        field: str | None) -> list[list[str]]:

@@ -207,7 +207,8 @@ def _qualifies(df: int, cap: int | None) -> bool:
 def part_frequencies(engine: Engine, index: str, parts: Mapping[str, Sequence[str]],
                      cap: int | None, fields: Sequence[str], *,
                      pair_fields: Collection[str] = (),
-                     analysed: Callable[[], Mapping[str, str]] | None = None) -> dict[str, int]:
+                     analysed: Callable[[], Mapping[str, str]] | None = None,
+                     read: Mapping[str, int] | None = None) -> dict[str, int]:
     """min(DF, cap + 1) of the parts (lower-cased) a decision on each phrase needs, ``parts``
     being each phrase's 1..max_n-word parts. A phrase of common words is found by walking
     its words' postings, a cost that grows with the collection, while one word is counted
@@ -217,15 +218,18 @@ def part_frequencies(engine: Engine, index: str, parts: Mapping[str, Sequence[st
     qualifies, in a second one, with the words the analyzer splits (``x-ray``, ``IL-6``: a
     phrase of their pieces). ``analysed``: each word's analysed form in the one field
     counted, where the caller has it; a part with a word found in no document is then in
-    none and is not counted (a stopword alone counts 0 too, but bounds nothing). A part left
-    out belongs only to phrases already kept."""
+    none and is not counted (a stopword alone counts 0 too, but bounds nothing). ``read``:
+    the DFs of words (lower-cased) the caller read from the term dictionary
+    (``dfstats.dictionary_tokens``): not counted again. A part left out belongs only to
+    phrases already kept."""
     bound = 1 if cap is None else cap + 1
     pairs = len(fields) == 1 and fields[0] in pair_fields
     every = {p.lower(): p for ps in parts.values() for p in ps}
+    known = {key: min(df, bound) for key, df in (read or {}).items() if key in every}
     first = {key: part for key, part in every.items() if dfstats.dictionary_words(part)
-             and len(part.split()) <= (2 if pairs else 1)}
-    df = dfstats.bounded_frequencies(engine, index, first, bound, list(fields),
-                                     pair_fields=pair_fields)
+             and len(part.split()) <= (2 if pairs else 1) and key not in known}
+    df = known | dfstats.bounded_frequencies(engine, index, first, bound, list(fields),
+                                             pair_fields=pair_fields)
     undecided = [ps for ps in parts.values()
                  if not any(_qualifies(df[p.lower()], cap) for p in ps if p.lower() in df)]
     absent = {w.lower() for w, norm in (analysed() if analysed else {}).items()
@@ -259,12 +263,24 @@ def validate_many(engine: Engine, index: str, sketches: dict[str, Sequence[str]]
     # so the same _analyze tells which of the words are stopwords there
     words = sorted({w for ps in parts.values() for p in ps for w in p.split()})
     own = list(fields) == dfstats.ENRICHED_FIELDS
-    analysed = _BESIDE.submit(terms.normalize, engine, index,
-                              [phrase for _, phrase in flat] + (words if own else []))
-    df = part_frequencies(engine, index, parts, cap, fields, pair_fields=pair_fields,
-                          analysed=(lambda: dict(zip(words, analysed.result()[len(flat):],
-                                                     strict=True))) if own else None)
-    norms = analysed.result()[:len(flat)]
+    texts = [phrase for _, phrase in flat] + (words if own else [])
+    # where the term dictionary counts exactly, one read of it analyses and counts the words
+    read = dfstats.dictionary_tokens(engine, index, fields[0], texts) \
+        if own and not pair_fields else None
+    if read is not None:
+        norms = [" ".join(term for term, _ in tokens) for tokens in read[:len(flat)]]
+        by_word = dict(zip(words, read[len(flat):], strict=True))
+        df = part_frequencies(
+            engine, index, parts, cap, fields,
+            analysed=lambda: {w: " ".join(t for t, _ in tokens) for w, tokens in by_word.items()},
+            read={w.lower(): tokens[0][1] if tokens else 0 for w, tokens in by_word.items()
+                  if len(tokens) <= 1 and dfstats.dictionary_words(w)})
+    else:
+        analysed = _BESIDE.submit(terms.normalize, engine, index, texts)
+        df = part_frequencies(engine, index, parts, cap, fields, pair_fields=pair_fields,
+                              analysed=(lambda: dict(zip(words, analysed.result()[len(flat):],
+                                                         strict=True))) if own else None)
+        norms = analysed.result()[:len(flat)]
     unique: dict[str, dict[str, str]] = {key: {} for key in sketches}  # phrase -> analysed
     out = {key: Validation([], [], {}) for key in sketches}
     seen: dict[str, set[str]] = {key: set() for key in sketches}

@@ -1,9 +1,15 @@
 """Sketch validation's cost as the collection grows: the DF lookups of every part of every
-sketch phrase, as ``query.validate`` does them (counts that stop at cap + 1 on each shard,
-one ``_msearch``), against one ``filters`` aggregation of the same phrase queries (what it
-did before 2026-12-02, which visits every match), on one index grown with real documents of
-the collections given by path (cycled with new ids past their total), the decisions of the
-two compared for every sketch (kept, dropped, searched terms).
+sketch phrase, three ways, on one index grown with real documents of the collections given
+by path (cycled with new ids past their total), the decisions of each compared with the
+counts' for every sketch (kept, dropped, searched terms):
+
+- ``dictionary``: what ``query.validate`` does where the term dictionary counts exactly (one
+  shard, no deleted copies: this index, written once): the words' analysis and DFs read in
+  one ``_termvectors`` request, the phrases no word decides counted as below;
+- ``counts``: what it does elsewhere: ``_analyze`` beside one ``_msearch`` of counts that
+  stop at cap + 1 on each shard (one word counted whole), then the phrases no word decides;
+- ``aggregation``: one ``filters`` aggregation of the same phrase queries (what it did before
+  2026-12-02, which visits every match).
 
     .venv/bin/python scripts/bench_validation.py \\
         --sketches ../shared/data/scifact/recorded/sketches.jsonl \\
@@ -42,12 +48,16 @@ def documents(collections: list[Path]) -> Iterator[dict]:
                            "title": doc.get("title") or "", "text": doc.get("text") or ""}
 
 
+METHODS = ("aggregation", "counts", "dictionary")
+
+
 def timed(engine: Engine, index: str, sketches: dict[str, list[str]], cap: int | None,
-          aggregation: bool) -> tuple[list[float], dict]:
-    """Milliseconds per sketch and the decisions, with the lookups done one way or the other
-    (``aggregation``: the filters aggregation in place of the bounded counts)."""
-    bounded = dfstats.bounded_frequencies
-    if aggregation:
+          method: str) -> tuple[list[float], dict]:
+    """Milliseconds per sketch and the decisions, with the lookups done the ``method`` way."""
+    bounded, reading = dfstats.bounded_frequencies, dfstats.dictionary_tokens
+    if method != "dictionary":
+        dfstats.dictionary_tokens = lambda *_: None  # type: ignore[assignment]
+    if method == "aggregation":
         dfstats.bounded_frequencies = (  # type: ignore[assignment]
             lambda e, i, terms, bound, fields, *_, **__: {
                 n: min(d, bound) for n, d in dfstats.document_frequencies(
@@ -61,7 +71,7 @@ def timed(engine: Engine, index: str, sketches: dict[str, list[str]], cap: int |
             decisions[qid] = (v.kept, [d.term for d in v.dropped], v.terms)
         return ms, decisions
     finally:
-        dfstats.bounded_frequencies = bounded
+        dfstats.bounded_frequencies, dfstats.dictionary_tokens = bounded, reading
 
 
 def main() -> None:
@@ -73,6 +83,8 @@ def main() -> None:
     parser.add_argument("--caps", type=int, nargs="+", default=[50, 0],
                         help="DF caps to validate under (0: no cap)")
     parser.add_argument("--queries", type=int, default=200, help="sketches used")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                        help="ways of looking the DFs up (aggregation: slow past 100,000)")
     args = parser.parse_args()
     sketches = {}
     for line in args.sketches.read_text("utf-8").splitlines()[:args.queries]:
@@ -85,8 +97,9 @@ def main() -> None:
                                        body={"index.requests.cache.enable": False})
     print(f"{len(sketches)} sketches of {args.sketches}, engine {engine.kind}, "
           f"{args.shards} shard(s), max_n {DEFAULT_MAX_N}; ms per sketch, median / p95")
-    print("| documents | cap | filters aggregation | bounded counts | same decisions |")
-    print("|---|---|---|---|---|")
+    methods = [m for m in METHODS if m in args.methods]
+    print(f"| documents | cap | {' | '.join(methods)} | same decisions |")
+    print(f"|---|---|{'---|' * len(methods)}---|")
     source, written = documents(args.collections), 0
     try:
         for size in sorted(args.sizes):
@@ -98,21 +111,24 @@ def main() -> None:
                     enumerate(p for ps in sketches.values() for p in ps[:1])}
             for cap in args.caps:
                 cap_or_none = cap or None
-                timed(engine, index.name, dict(list(warm.items())[:50]), cap_or_none, True)
-                timed(engine, index.name, dict(list(warm.items())[50:100]), cap_or_none, False)
-                # sketch by sketch, every other one the other way round: neither method
-                # finds the postings warmed by the other more often
-                agg_ms, new_ms, agg, new = [], [], {}, {}
+                for i, method in enumerate(methods):  # each warmed on other phrases
+                    timed(engine, index.name, dict(list(warm.items())[50 * i:50 * i + 50]),
+                          cap_or_none, method)
+                # sketch by sketch, the methods in turn from a different one each time: no
+                # method finds the postings warmed by another more often
+                ms: dict[str, list[float]] = {m: [] for m in methods}
+                decided: dict[str, dict] = {m: {} for m in methods}
                 for i, (qid, phrases) in enumerate(sketches.items()):
-                    for aggregation in ((True, False) if i % 2 else (False, True)):
-                        ms, decided = timed(engine, index.name, {qid: phrases}, cap_or_none,
-                                            aggregation)
-                        (agg_ms if aggregation else new_ms).extend(ms)
-                        (agg if aggregation else new).update(decided)
-                print(f"| {engine.count(index.name):,} | {cap_or_none or 'none'} | "
-                      f"{np.median(agg_ms):.1f} / {np.percentile(agg_ms, 95):.1f} | "
-                      f"{np.median(new_ms):.1f} / {np.percentile(new_ms, 95):.1f} | "
-                      f"{'yes' if agg == new else 'NO'} |", flush=True)
+                    for method in methods[i % len(methods):] + methods[:i % len(methods)]:
+                        took, decisions = timed(engine, index.name, {qid: phrases},
+                                                cap_or_none, method)
+                        ms[method].extend(took)
+                        decided[method].update(decisions)
+                same = all(decided[m] == decided[methods[0]] for m in methods)
+                cells = " | ".join(f"{np.median(ms[m]):.2f} / {np.percentile(ms[m], 95):.1f}"
+                                   for m in methods)
+                print(f"| {engine.count(index.name):,} | {cap_or_none or 'none'} | {cells} | "
+                      f"{'yes' if same else 'NO'} |", flush=True)
     finally:
         engine.delete_index(index.name)
 

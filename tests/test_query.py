@@ -200,16 +200,83 @@ def test_validation_on_a_multi_shard_index(cluster: Engine) -> None:
         cluster.delete_index(name)
 
 
+def test_validation_reads_the_term_dictionary_only_where_it_counts_exactly(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One shard with no deleted copies: validation analyses and counts its words with one
+    read of the term dictionary (no count search where a word decides) and decides every
+    phrase as the count searches do; once a deleted copy holds a word (an update not merged
+    away), the dictionary would still count it, so validation counts with searches again."""
+    name = f"test-vd-{uuid.uuid4().hex[:8]}"
+    engine.create_index(IndexSettings(name=name, shards=1))
+    try:
+        engine.bulk_index(name, [Document(i, t, x).to_index() for i, t, x in [
+            ("g", "Giraffes", "The giraffe's neck is long."),
+            ("z", "Zebras", "Zebra stripes confuse flies."),
+            ("l", "Lions", "A lion pride hunts at night; the lion rests by day."),
+            ("n", "Night", "Night hunts of the pride."),
+            ("x", "X-rays", "An x-ray of a lion."),
+        ]])
+        engine.refresh(name)
+        assert engine.deleted_copies(name) == 0
+        sketch = ["giraffes", "Zebra crossing", "the of", "Lion Pride", "LION PRIDE",
+                  "x-ray lion", "night hunts", "okapi", "lion"]
+        calls: list[str] = []
+        for method in ("msearch", "term_statistics", "analyze"):
+            real = getattr(engine, method)
+            monkeypatch.setattr(engine, method, lambda *a, real=real, method=method, **k:
+                                calls.append(method) or real(*a, **k))
+        reading = dfstats.dictionary_tokens
+        for cap in (None, 3, 2, 1):
+            monkeypatch.setattr(dfstats, "dictionary_tokens", lambda *a: None)
+            counted = query.validate(engine, name, sketch, cap, max_n=2)
+            monkeypatch.setattr(dfstats, "dictionary_tokens", reading)
+            query.validate(engine, name, sketch, cap, max_n=2)  # the first look: exact
+            assert dfstats.reads_dictionary(engine, name)
+            calls.clear()
+            read = query.validate(engine, name, sketch, cap, max_n=2)
+            assert read == counted, cap
+            assert "term_statistics" in calls and "analyze" not in calls, cap
+        # cap 1: "lion" and "pride" are in two documents each, "lion pride" in one
+        assert read.kept == ["giraffes", "Zebra crossing", "Lion Pride", "x-ray lion",
+                             "night hunts"]
+        assert {d.term: d.reason for d in read.dropped} == {
+            "the of": "nothing left after analysis (stopwords only)",
+            "LION PRIDE": "duplicate", "okapi": "not in the index (DF 0)",
+            "lion": "too common (DF > cap 1)"}
+        assert read.terms == query.expansion_terms(terms.normalize(engine, name, read.kept))
+        calls.clear()
+        query.validate(engine, name, ["giraffes", "zebra", "okapi"], 3, max_n=2)
+        assert calls == ["term_statistics"]  # every word decides: nothing counted
+        # the only document with "zebra" no longer has it; its old copy is deleted, not gone
+        engine.bulk_index(name, [Document("z", "Stripes", "Stripes confuse flies.").to_index()])
+        engine.refresh(name)
+        assert engine.deleted_copies(name) == 1
+        query.validate(engine, name, ["zebra"], 3, max_n=2)
+        assert not dfstats.reads_dictionary(engine, name)
+        for _ in range(3):
+            calls.clear()
+            got = query.validate(engine, name, ["zebra", "giraffes"], 3, max_n=2)
+            assert got.kept == ["giraffes"], (calls, dfstats._EXACT_DICTIONARY)
+            assert {d.term: d.reason for d in got.dropped} == {
+                "zebra": "not in the index (DF 0)"}
+            assert "msearch" in calls
+    finally:
+        engine.delete_index(name)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
 @pytest.mark.parametrize("phrase_terms", [False, True])
 def test_validation_counts_a_phrase_only_where_no_word_decides(
-        engine: Engine, phrase_terms: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On both engines, 3 shards: validation decides every phrase as the exact DF of each
+        engine: Engine, phrase_terms: bool, shards: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On both engines, 1 shard (words read from the term dictionary where phrase terms are
+    off) and 3: validation decides every phrase as the exact DF of each
     part would (filters aggregation), under caps from none to past the collection, while a
     phrase one of whose words (from the term dictionary) qualifies, or with a word found
     nowhere, is never counted as a phrase (those counts walk their words' postings);
     stopwords and words the analyzer splits included."""
     name = f"test-vw-{uuid.uuid4().hex[:8]}"
-    engine.create_index(IndexSettings(name=name, shards=3, phrase_terms=phrase_terms))
+    engine.create_index(IndexSettings(name=name, shards=shards, phrase_terms=phrase_terms))
     try:
         rng = random.Random(3)
         vocab = ["alpha", "bravo", "charlie", "delta", "echo", "of", "the", "x-ray"]
@@ -257,6 +324,8 @@ def test_validation_counts_a_phrase_only_where_no_word_decides(
                                                        "x-ray zulu"}), cap
             if cap == exact["bravo"] - 1 and not phrase_terms:
                 assert "alpha bravo" in counted  # both words too common: its count decides
+        # one shard written once: its term dictionary counts exactly; three: never read
+        assert dfstats.reads_dictionary(engine, name) == (shards == 1 and not phrase_terms)
     finally:
         engine.delete_index(name)
 
