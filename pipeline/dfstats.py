@@ -213,11 +213,7 @@ def index_counts(engine: Engine, index: str, words: list[str], fields: list[str]
     out: dict[str, int] = {}
     for first in range(0, len(words), per_request):
         chunk = words[first:first + per_request]
-        # the engine's offsets count UTF-16 code units
-        lengths = [len(word.encode("utf-16-le")) // 2 for word in chunk]
-        starts = [0]
-        for length in lengths[:-1]:
-            starts.append(starts[-1] + length + 1)
+        lengths, starts = _spans(chunk)
         document = source_document(mapping, fields, " ".join(chunk))
         # per word with a token, per field: the documents holding each piece, by its (start,
         # end) offsets (plain dicts, made as tokens come: a few million words at a time)
@@ -271,11 +267,7 @@ def dictionary_tokens(engine: Engine, index: str, field: str, texts: list[str]
             _LOOKING[key] = (time.monotonic(), look)
     if not exact:
         return None
-    # one artificial document of the texts; the engine's offsets count UTF-16 code units
-    starts, at = [], 0
-    for text in texts:
-        starts.append(at)
-        at += len(text.encode("utf-16-le")) // 2 + 1
+    _, starts = _spans(texts)  # one artificial document of the texts
     read = engine.term_statistics(index, {field: "\n".join(texts)}, [field], 0).get(field, [])
     if not look.result():
         return None
@@ -283,6 +275,16 @@ def dictionary_tokens(engine: Engine, index: str, field: str, texts: list[str]
     for term, start, _, docs in read:
         out[bisect_right(starts, start) - 1].append((start, term, docs))
     return [[(term, docs) for _, term, docs in sorted(tokens)] for tokens in out]
+
+
+def _spans(texts: list[str]) -> tuple[list[int], list[int]]:
+    """Each text's length and start offset once they are joined with one character between
+    them, as the engine counts offsets: in UTF-16 code units."""
+    lengths = [len(text.encode("utf-16-le")) // 2 for text in texts]
+    starts = [0]
+    for length in lengths[:-1]:
+        starts.append(starts[-1] + length + 1)
+    return lengths, starts
 
 
 def reads_dictionary(engine: Engine, index: str) -> bool:
