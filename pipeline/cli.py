@@ -159,6 +159,17 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+@contextlib.contextmanager
+def _on_sigterm(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """``handler`` for SIGTERM (a pod deleted, a kill) while the command runs; the handler
+    the process had before, after it: the process may go on (tests, a caller)."""
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 # -- sira engine ---------------------------------------------------------------------------
 
 
@@ -743,8 +754,6 @@ def follow_cmd(
     """Keep an index enriched while any writer feeds it: new, overwritten and changed
     documents get proposals (from the cache, else the model), the filter follows the
     collection; prints the lag every round."""
-    import signal
-
     from pipeline.follow import Follower
     from pipeline.local.workers import LocalWorkers
 
@@ -764,8 +773,8 @@ def follow_cmd(
     def finish(signum: int, frame: object) -> None:  # end after the round in hand
         stop["now"] = True
 
-    signal.signal(signal.SIGTERM, finish)
-    with LocalWorkers(settings, workers) if workers else contextlib.nullcontext():
+    with _on_sigterm(finish), \
+            LocalWorkers(settings, workers) if workers else contextlib.nullcontext():
         follower = Follower(engine, settings, client,
                             run_job=(lambda: reindex(engine, settings, None)) if use_job
                             else None)
@@ -1051,13 +1060,13 @@ def bench_scale_cmd(
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # a pod deleted, a kill: stop as Ctrl-C does, cleaning up
 
-    before = signal.signal(signal.SIGTERM, interrupt)
+    plan = scale.Plan(repeat, force_merge, plain_only, cap, aggregations, warm_up, job_workers)
     try:
-        results = scale.run(
-            engine, settings, inputs, generator, measured, shard_counts, out_dir / "work",
-            scale.Plan(repeat, force_merge, plain_only, cap, aggregations, warm_up, job_workers),
-            say=lambda line: err.print(f"[{time.monotonic() - started:6.0f}s] {line}"),
-            landed=write)  # each row as it lands: a stopped run keeps them
+        with _on_sigterm(interrupt):
+            results = scale.run(
+                engine, settings, inputs, generator, measured, shard_counts, out_dir / "work", plan,
+                say=lambda line: err.print(f"[{time.monotonic() - started:6.0f}s] {line}"),
+                landed=write)  # each row as it lands: a stopped run keeps them
     except JobFailed as exc:
         raise _fail(f"the enrichment job stopped: {exc} (the sizes measured before it are "
                     f"in {out_dir / 'scale.json'})") from exc
@@ -1066,8 +1075,6 @@ def bench_scale_cmd(
                 if measured_one else "no size was measured before it")
         raise _fail(f"stopped: the index and files of the size in hand were dropped; {kept}",
                     code=130) from None
-    finally:
-        signal.signal(signal.SIGTERM, before)  # the process may go on (tests, a caller)
     out.print(write(results))
     png = scale.plot(results, out_dir / "scale.png")
     out.print(f"\nwrote {out_dir / 'scale.json'}, {out_dir / 'scale.md'}, {png}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 import uuid
 from collections.abc import Iterator
 
@@ -99,8 +100,11 @@ def test_attach_follow_and_the_cache(engine: Engine, products: str,
 
     with StandInModel(ANSWERS) as fake:
         monkeypatch.setenv("SIRA_LLM__URL", fake.url)
+        on_sigterm = signal.getsignal(signal.SIGTERM)
         out = invoke("follow", index, "--once")
         assert "lag 0 pending" in out and "3 proposed" in out, out
+        # the process may go on (a caller, these tests): its SIGTERM handler is its own again
+        assert signal.getsignal(signal.SIGTERM) == on_sigterm
         assert fake.requests == 3
         for doc_id, doc in PRODUCTS.items():  # the user's values are untouched
             stored = engine.get(index, doc_id)
